@@ -1,0 +1,206 @@
+//! The JSON admin API under `/api/v1`, authenticated by the admin token.
+
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::app::AppState;
+use crate::service::{self, ServiceError};
+
+pub fn router(state: AppState) -> Router<AppState> {
+    Router::new()
+        .route("/agents", get(list_agents).post(create_agent))
+        .route("/agents/{name}", get(get_agent).delete(delete_agent))
+        .route("/agents/{name}/grants", post(add_grant))
+        .route("/agents/{name}/grants/{target}", delete(remove_grant))
+        .route("/agents/{name}/clients", get(list_clients).post(create_client))
+        .route("/clients/{client_id}", delete(delete_client))
+        .route("/grants/preview", get(preview_grant))
+        .route("/tools", get(list_tools))
+        .route("/groups", get(list_groups))
+        .route("/pool/errors", get(pool_errors))
+        .route("/tokens/revoke", post(revoke_token))
+        .layer(axum::middleware::from_fn_with_state(state, require_admin))
+}
+
+/// Constant-time comparison of the presented admin token.
+pub fn is_admin_token(state: &AppState, headers: &HeaderMap) -> bool {
+    let Some(expected) = &state.settings.admin_token else { return false };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .unwrap_or("");
+    use sha2::Digest;
+    // Comparing digests keeps the comparison independent of where the strings differ.
+    sha2::Sha256::digest(presented.as_bytes()) == sha2::Sha256::digest(expected.as_bytes())
+}
+
+async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if is_admin_token(&state, req.headers()) {
+        next.run(req).await
+    } else {
+        (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer realm=\"toolgate-admin\"")],
+            Json(json!({"error": "an admin token is required"})),
+        )
+            .into_response()
+    }
+}
+
+/// The actor recorded for API changes.
+const API_ACTOR: &str = "api:admin-token";
+
+/// The JSON API's error: client errors say what is wrong; server errors are opaque.
+pub struct ApiError(ServiceError);
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        Self(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, message) = match &self.0 {
+            ServiceError::NotFound(what) => (StatusCode::NOT_FOUND, format!("{what} not found")),
+            ServiceError::Invalid(m) => (StatusCode::BAD_REQUEST, m.clone()),
+            ServiceError::Conflict(m) => (StatusCode::CONFLICT, m.clone()),
+            ServiceError::Database(e) => {
+                tracing::error!(error = %e, "admin API database error");
+                (StatusCode::SERVICE_UNAVAILABLE, "the database is unavailable".to_owned())
+            }
+            ServiceError::Other(e) => {
+                tracing::error!(error = ?e, "admin API error");
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal error".to_owned())
+            }
+        };
+        (status, Json(json!({"error": message}))).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+async fn list_agents(State(state): State<AppState>) -> Json<Value> {
+    let snapshot = state.policy.load();
+    Json(json!({"agents": service::agent_summaries(&snapshot)}))
+}
+
+#[derive(Deserialize)]
+struct NewAgent {
+    name: String,
+    #[serde(default)]
+    description: String,
+    discovery: Option<String>,
+}
+
+async fn create_agent(State(state): State<AppState>, Json(body): Json<NewAgent>) -> ApiResult<Response> {
+    service::create_agent(&state, API_ACTOR, &body.name, &body.description, body.discovery.as_deref()).await?;
+    Ok((StatusCode::CREATED, Json(json!({"name": body.name}))).into_response())
+}
+
+async fn get_agent(State(state): State<AppState>, Path(name): Path<String>) -> ApiResult<Json<Value>> {
+    let snapshot = state.policy.load();
+    let summary = service::agent_summaries(&snapshot)
+        .into_iter()
+        .find(|a| a.name == name)
+        .ok_or_else(|| ServiceError::NotFound(format!("agent `{name}`")))?;
+    let tools: Vec<&str> = snapshot.agent(&name).map(|a| a.visible.iter().map(|t| t.name.as_str()).collect()).unwrap_or_default();
+    Ok(Json(json!({"agent": summary, "tools": tools})))
+}
+
+async fn delete_agent(State(state): State<AppState>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    service::delete_agent(&state, API_ACTOR, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct NewGrant {
+    target: String,
+}
+
+async fn add_grant(State(state): State<AppState>, Path(name): Path<String>, Json(body): Json<NewGrant>) -> ApiResult<Response> {
+    let added = service::add_grant(&state, API_ACTOR, &name, &body.target).await?;
+    Ok((StatusCode::CREATED, Json(added)).into_response())
+}
+
+async fn remove_grant(State(state): State<AppState>, Path((name, target)): Path<(String, String)>) -> ApiResult<StatusCode> {
+    service::remove_grant(&state, API_ACTOR, &name, &target).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct PreviewQuery {
+    target: String,
+}
+
+async fn preview_grant(State(state): State<AppState>, axum::extract::Query(q): axum::extract::Query<PreviewQuery>) -> ApiResult<Json<Value>> {
+    let (matched, suggestions) = service::preview_grant(&state.policy.load(), &q.target)?;
+    Ok(Json(json!({"target": q.target, "matched_tools": matched.len(), "tools": matched, "suggestions": suggestions})))
+}
+
+async fn list_clients(State(state): State<AppState>, Path(name): Path<String>) -> ApiResult<Json<Value>> {
+    let clients = crate::db::policy::clients(&state.db, Some(&name)).await.map_err(ServiceError::from)?;
+    Ok(Json(json!({"clients": clients})))
+}
+
+#[derive(Deserialize, Default)]
+struct NewClientBody {
+    #[serde(default)]
+    description: String,
+    jwks: Option<Value>,
+}
+
+async fn create_client(State(state): State<AppState>, Path(name): Path<String>, body: Option<Json<NewClientBody>>) -> ApiResult<Response> {
+    let body = body.map(|b| b.0).unwrap_or_default();
+    let client = service::create_client_live(&state, API_ACTOR, &name, &body.description, body.jwks).await?;
+    Ok((StatusCode::CREATED, [(header::CACHE_CONTROL, "no-store")], Json(client)).into_response())
+}
+
+async fn delete_client(State(state): State<AppState>, Path(client_id): Path<String>) -> ApiResult<StatusCode> {
+    service::delete_client(&state, API_ACTOR, &client_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn list_tools(State(state): State<AppState>) -> Json<Value> {
+    let snapshot = state.policy.load();
+    let tools: Vec<Value> = snapshot
+        .catalog
+        .tools()
+        .map(|t| {
+            json!({
+                "name": t.name, "group": t.group, "title": t.title, "description": t.description,
+                "input_schema": *t.input_schema, "source": t.source, "content_hash": t.content_hash,
+            })
+        })
+        .collect();
+    Json(json!({"tools": tools}))
+}
+
+async fn list_groups(State(state): State<AppState>) -> Json<Value> {
+    let snapshot = state.policy.load();
+    Json(json!({"groups": snapshot.catalog.groups().collect::<Vec<_>>()}))
+}
+
+async fn pool_errors(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({"errors": state.policy.load().catalog.load_errors()}))
+}
+
+#[derive(Deserialize)]
+struct RevokeBody {
+    jti: uuid::Uuid,
+    /// When the token expires; defaults to a day from now.
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+async fn revoke_token(State(state): State<AppState>, Json(body): Json<RevokeBody>) -> ApiResult<StatusCode> {
+    let expires = body.expires_at.unwrap_or_else(|| chrono::Utc::now() + chrono::Duration::days(1));
+    service::revoke_jti(&state, API_ACTOR, body.jti, expires).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,279 @@
+//! Application state, the router of the three surfaces, and the `serve` life cycle.
+
+use std::ops::Deref;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+
+use crate::config::ServeArgs;
+use crate::metrics::Metrics;
+use crate::policy::snapshot::PolicyHandle;
+use crate::pool::loader::{LoaderSettings, load_pool};
+use crate::pool::runner::OutputLimits;
+use crate::{api, db, http, mcp, oauth, rest};
+
+/// Settings resolved from the command line.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Token issuer and base of every public URL, without a trailing slash.
+    pub issuer: String,
+    /// The canonical `/mcp` URL: the audience of access tokens.
+    pub audience: String,
+    pub tools_dir: PathBuf,
+    pub dev_agent: Option<String>,
+    pub admin_token: Option<String>,
+    pub token_ttl: Duration,
+    pub page_size: usize,
+    pub allowed_hosts: Vec<String>,
+    pub allowed_origins: Vec<String>,
+    pub loader: LoaderSettings,
+    pub output: OutputLimits,
+    /// Names this instance in logs, metrics and the audit log.
+    pub instance: String,
+}
+
+impl Settings {
+    pub fn from_args(args: &ServeArgs) -> anyhow::Result<Self> {
+        if args.dev_agent.is_some() && !args.bind.ip().is_loopback() {
+            anyhow::bail!("--dev-agent treats unauthenticated requests as an agent; it is refused on a non-loopback bind ({})", args.bind);
+        }
+        let public = match &args.public_url {
+            Some(u) => u.clone(),
+            None => url::Url::parse(&format!("http://{}", args.bind))?,
+        };
+        let issuer = public.as_str().trim_end_matches('/').to_owned();
+        let mut allowed_hosts = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
+        if let Some(host) = public.host_str() {
+            allowed_hosts.push(host.to_owned());
+        }
+        allowed_hosts.extend(args.allowed_hosts.iter().cloned());
+        let mut allowed_origins = vec![origin_of(&public)];
+        allowed_origins.extend(args.allowed_origins.iter().cloned());
+        Ok(Self {
+            audience: format!("{issuer}/mcp"),
+            issuer,
+            tools_dir: args.tools_dir.clone(),
+            dev_agent: args.dev_agent.clone(),
+            admin_token: args.admin_token.clone().filter(|t| !t.is_empty()),
+            token_ttl: Duration::from_secs(args.token_ttl_secs.clamp(30, 86_400)),
+            page_size: args.page_size.clamp(1, 1000),
+            allowed_hosts,
+            allowed_origins,
+            loader: LoaderSettings {
+                default_timeout: Duration::from_millis(args.script_timeout_ms.max(1)),
+                max_concurrency_per_tool: args.max_concurrency_per_tool.max(1),
+            },
+            output: OutputLimits { max_stdout: args.max_stdout_bytes.max(1024), ..OutputLimits::default() },
+            instance: format!("{}:{}", hostname(), std::process::id()),
+        })
+    }
+}
+
+fn origin_of(u: &url::Url) -> String {
+    u.origin().ascii_serialization()
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "toolgate".to_owned())
+}
+
+pub struct Inner {
+    pub settings: Settings,
+    pub db: PgPool,
+    pub policy: PolicyHandle,
+    pub metrics: Metrics,
+    /// Client-assertion ids already used on this instance.
+    pub replay: crate::oauth::ReplayCache,
+    /// Serialises pool reloads so two bursts of file events never interleave.
+    reload_lock: std::sync::Mutex<()>,
+}
+
+/// Shared by every handler.
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+impl Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl AppState {
+    pub fn new(settings: Settings, db: PgPool) -> Self {
+        Self(Arc::new(Inner {
+            settings,
+            db,
+            policy: PolicyHandle::default(),
+            metrics: Metrics::new(),
+            replay: crate::oauth::ReplayCache::default(),
+            reload_lock: std::sync::Mutex::new(()),
+        }))
+    }
+
+    /// Reloads the tool pool from disk and swaps it in; returns the new catalog size.
+    pub fn reload_pool(&self) -> usize {
+        let _guard = self.reload_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let previous = self.policy.catalog();
+        let catalog = Arc::new(load_pool(&self.settings.tools_dir, Some(&previous), &self.settings.loader));
+        let n = catalog.len();
+        self.policy.set_catalog(catalog.clone());
+        self.refresh_gauges();
+        let state = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = db::catalog::sync(&state.db, &catalog, &state.settings.instance_origin()).await {
+                tracing::warn!(error = %e, "writing the catalog to the database failed");
+            }
+        });
+        n
+    }
+
+    /// Re-reads the control plane from Postgres into the snapshot.
+    pub async fn reload_policy(&self) -> sqlx::Result<()> {
+        let state = db::policy::load_state(&self.db).await?;
+        self.policy.set_state(state);
+        self.refresh_gauges();
+        Ok(())
+    }
+
+    fn refresh_gauges(&self) {
+        let snap = self.policy.load();
+        self.metrics.pool_tools.set(snap.catalog.len() as i64);
+        self.metrics.pool_load_errors.set(snap.catalog.load_errors().len() as i64);
+        self.metrics.zero_match_grants.set(snap.zero_match_grant_count() as i64);
+        self.metrics.agents_without_tools.set(snap.agents_without_tools() as i64);
+    }
+}
+
+impl Settings {
+    /// Rows of the `tools` table this instance owns: tools from its tools folder.
+    pub fn instance_origin(&self) -> String {
+        format!("folder:{}", self.tools_dir.display())
+    }
+}
+
+/// The whole HTTP surface.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .merge(http::ops_router())
+        .merge(oauth::router())
+        .nest("/api/v1", api::router(state.clone()))
+        .merge(rest::router(state.clone()))
+        .merge(mcp::router(state.clone()))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), http::observe))
+        .layer(http::request_id_layers())
+        .with_state(state)
+}
+
+/// Keeps the snapshot in step with Postgres: LISTEN for changes, and re-read everything after
+/// each reconnect (a notification sent while disconnected is otherwise lost).
+pub fn spawn_policy_listener(state: AppState) {
+    tokio::spawn(async move {
+        loop {
+            match sqlx::postgres::PgListener::connect_with(&state.db).await {
+                Ok(mut listener) => {
+                    if let Err(e) = listener.listen("toolgate_policy").await {
+                        tracing::warn!(error = %e, "LISTEN failed");
+                    } else {
+                        if let Err(e) = state.reload_policy().await {
+                            tracing::warn!(error = %e, "policy reload failed");
+                        }
+                        loop {
+                            match listener.recv().await {
+                                Ok(_) => {
+                                    // Coalesce a burst of notifications into one reload.
+                                    while let Ok(Some(_)) = listener.try_recv().await {}
+                                    if let Err(e) = state.reload_policy().await {
+                                        tracing::warn!(error = %e, "policy reload failed");
+                                    }
+                                }
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "policy listener lost its connection");
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "policy listener cannot connect"),
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+}
+
+/// `toolgate serve`.
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let settings = Settings::from_args(&args)?;
+    if let Some(agent) = &settings.dev_agent {
+        tracing::warn!(agent = %agent, "--dev-agent is set: unauthenticated requests act as this agent; never use it outside local development");
+    }
+    let pool = db::connect(&args.db.database_url, 16).await?;
+    db::migrate(&pool, &args.db.database_url).await?;
+    crate::oauth::ensure_signing_key(&pool).await?;
+    if db::policy::is_empty(&pool).await? && args.policies_dir.is_dir() {
+        let catalog = load_pool(&settings.tools_dir, None, &settings.loader);
+        match crate::policy::files::apply_dir(&pool, &args.policies_dir, &catalog, "toolgate serve (first start)", false, false).await {
+            Ok(report) => tracing::info!(changes = report.changes.len(), "applied the policies folder to the empty database"),
+            Err(e) => tracing::warn!(error = %e, "could not apply the policies folder on first start"),
+        }
+    }
+    let state = AppState::new(settings.clone(), pool);
+    let n = state.reload_pool();
+    tracing::info!(tools = n, dir = %settings.tools_dir.display(), "tool pool loaded");
+    state.reload_policy().await?;
+    spawn_policy_listener(state.clone());
+    let _watcher = {
+        let state = state.clone();
+        let handle = tokio::runtime::Handle::current();
+        crate::pool::watcher::spawn(settings.tools_dir.clone(), Duration::from_millis(250), move || {
+            let _enter = handle.enter();
+            let n = state.reload_pool();
+            tracing::info!(tools = n, "tool pool reloaded");
+        })
+        .map_err(|e| tracing::warn!(error = %e, "cannot watch the tools directory; hot reload is off"))
+        .ok()
+    };
+    {
+        let db = state.db.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(600));
+            loop {
+                tick.tick().await;
+                let _ = db::policy::prune_revocations(&db).await;
+            }
+        });
+    }
+    let listener = TcpListener::bind(args.bind).await?;
+    tracing::info!(addr = %listener.local_addr()?, issuer = %settings.issuer, "toolgate listening");
+    axum::serve(listener, router(state).into_make_service_with_connect_info::<std::net::SocketAddr>())
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    tracing::info!("toolgate stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+}

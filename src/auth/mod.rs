@@ -1,0 +1,5 @@
+//! Credentials: token signing keys, access-token JWTs, client secrets and client assertions.
+
+pub mod keys;
+pub mod secrets;
+pub mod token;

@@ -1,0 +1,172 @@
+//! Command line and environment: every flag also reads a `TOOLGATE_*` variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "toolgate", version, about = "Serve tools to AI agents, each agent only its share")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log format.
+    #[arg(long, global = true, env = "TOOLGATE_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the tools over MCP and REST, with the OAuth server and the admin API.
+    Serve(Box<ServeArgs>),
+    /// Apply database migrations and exit.
+    Migrate(DbArgs),
+    /// Policies as code: check, apply or export the `policies/` folder.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+    /// OAuth clients of agents.
+    Client {
+        #[command(subcommand)]
+        command: ClientCommand,
+    },
+    /// Token signing keys.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DbArgs {
+    /// PostgreSQL URL; the database is created if it does not exist.
+    #[arg(long, env = "DATABASE_URL", default_value = "postgres://localhost/toolgate")]
+    pub database_url: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Address to listen on.
+    #[arg(long, env = "TOOLGATE_BIND", default_value = "127.0.0.1:8787")]
+    pub bind: SocketAddr,
+    /// Folder of script tool groups.
+    #[arg(long, env = "TOOLGATE_TOOLS_DIR", default_value = "./tools")]
+    pub tools_dir: PathBuf,
+    /// Policies folder, applied on first start into an empty database.
+    #[arg(long, env = "TOOLGATE_POLICIES_DIR", default_value = "./policies")]
+    pub policies_dir: PathBuf,
+    /// Public base URL: the token issuer, and `<url>/mcp` is the token audience.
+    #[arg(long, env = "TOOLGATE_PUBLIC_URL")]
+    pub public_url: Option<url::Url>,
+    /// Extra `Host` values accepted on /mcp (the public URL's host is always accepted).
+    #[arg(long = "allowed-host", env = "TOOLGATE_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins allowed on /mcp; requests with any other `Origin` get 403.
+    #[arg(long = "allowed-origin", env = "TOOLGATE_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+    /// Treat unauthenticated requests as this agent (local development only; loopback binds only).
+    #[arg(long, env = "TOOLGATE_DEV_AGENT")]
+    pub dev_agent: Option<String>,
+    /// Bearer token for the JSON admin API (/api/v1).
+    #[arg(long, env = "TOOLGATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Access token lifetime in seconds.
+    #[arg(long, env = "TOOLGATE_TOKEN_TTL_SECS", default_value_t = 900)]
+    pub token_ttl_secs: u64,
+    /// Default script timeout in milliseconds (an operation may set `x-toolgate-timeout-ms`).
+    #[arg(long, env = "TOOLGATE_SCRIPT_TIMEOUT_MS", default_value_t = 30_000)]
+    pub script_timeout_ms: u64,
+    /// Largest stdout a script may print, in bytes.
+    #[arg(long, env = "TOOLGATE_MAX_STDOUT_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_stdout_bytes: usize,
+    /// How many copies of one tool may run at once.
+    #[arg(long, env = "TOOLGATE_MAX_CONCURRENCY_PER_TOOL", default_value_t = 8)]
+    pub max_concurrency_per_tool: usize,
+    /// Page size of tools/list.
+    #[arg(long, env = "TOOLGATE_PAGE_SIZE", default_value_t = 100)]
+    pub page_size: usize,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Validate the folder against the tool catalog; non-zero exit on any problem.
+    Check(PolicyArgs),
+    /// Make the database match the folder, in one transaction, and print the diff.
+    Apply(PolicyArgs),
+    /// Write the database back as policy files.
+    Export(PolicyArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PolicyArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// The policies folder.
+    #[arg(long, env = "TOOLGATE_POLICIES_DIR", default_value = "./policies")]
+    pub dir: PathBuf,
+    /// The tools folder the grants are checked against.
+    #[arg(long, env = "TOOLGATE_TOOLS_DIR", default_value = "./tools")]
+    pub tools_dir: PathBuf,
+    /// Show what would change without changing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Refuse to apply when a grant matches no tool.
+    #[arg(long)]
+    pub strict: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClientCommand {
+    /// Create an OAuth client for an agent; prints client_id and client_secret (shown once).
+    Create {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long)]
+        agent: String,
+        #[arg(long, default_value = "")]
+        description: String,
+        /// A JWK set file of the client's public keys, for private_key_jwt.
+        #[arg(long)]
+        jwks_file: Option<PathBuf>,
+    },
+    /// List clients (never their secrets).
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long)]
+        agent: Option<String>,
+    },
+    /// Delete a client; its tokens stop working at once.
+    Delete {
+        #[command(flatten)]
+        db: DbArgs,
+        client_id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Start signing with a new key; the previous one still verifies until the next rotation.
+    Rotate {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

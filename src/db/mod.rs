@@ -1,0 +1,113 @@
+//! All SQL lives under this module. The rest of the code speaks in domain types.
+
+pub mod catalog;
+pub mod policy;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+
+/// The schema migrations, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Why the database could not be opened, in words an operator can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(
+        "cannot reach PostgreSQL at {url}: {reason}. Start one (a local PostgreSQL, or `docker compose up -d db`) or point --database-url / DATABASE_URL at it"
+    )]
+    Unreachable { url: String, reason: String },
+    #[error("cannot create database `{name}` at {url}: {reason}")]
+    Create { name: String, url: String, reason: String },
+    #[error("migrating the database at {url} failed: {reason}")]
+    Migrate { url: String, reason: String },
+    #[error("invalid database URL: {0}")]
+    BadUrl(String),
+}
+
+/// Hides the password when a URL is printed.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Connects, creating the database if it does not exist yet.
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, ConnectError> {
+    let shown = redact_url(url);
+    let options = PgConnectOptions::from_str(url).map_err(|e| ConnectError::BadUrl(e.to_string()))?;
+    let options = options.log_statements(tracing::log::LevelFilter::Trace);
+    match options.connect().await {
+        Ok(conn) => {
+            let _ = conn.close().await;
+        }
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("3D000") => {
+            create_database(&options, &shown).await?;
+        }
+        Err(e) => return Err(ConnectError::Unreachable { url: shown, reason: e.to_string() }),
+    }
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options)
+        .await
+        .map_err(|e| ConnectError::Unreachable { url: shown, reason: e.to_string() })
+}
+
+async fn create_database(options: &PgConnectOptions, shown: &str) -> Result<(), ConnectError> {
+    let name = options.get_database().unwrap_or("toolgate").to_owned();
+    let admin = options.clone().database("postgres");
+    let mut conn = admin.connect().await.map_err(|e| ConnectError::Unreachable {
+        url: shown.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let sql = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
+    match sqlx::query(&sql).execute(&mut conn).await {
+        Ok(_) => {
+            tracing::info!(database = %name, "created database");
+            Ok(())
+        }
+        // Another instance created it at the same moment.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => Ok(()),
+        Err(e) => Err(ConnectError::Create { name, url: shown.to_owned(), reason: e.to_string() }),
+    }
+}
+
+/// Applies pending migrations (sqlx takes an advisory lock, so instances may race safely).
+pub async fn migrate(pool: &PgPool, url: &str) -> Result<(), ConnectError> {
+    MIGRATOR.run(pool).await.map_err(|e| ConnectError::Migrate {
+        url: redact_url(url),
+        reason: e.to_string(),
+    })
+}
+
+/// Records one control-plane change in the same transaction as the change.
+///
+/// Every mutation of agents, grants, limits, clients, keys and tokens goes through here, so
+/// that the audit log can say who changed what, from what, to what.
+pub async fn record_change(
+    tx: &mut sqlx::PgConnection,
+    actor: &str,
+    action: &str,
+    resource: &str,
+    before: Option<serde_json::Value>,
+    after: Option<serde_json::Value>,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO changes (actor, action, resource, before, after) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(actor)
+    .bind(action)
+    .bind(resource)
+    .bind(before)
+    .bind(after)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}

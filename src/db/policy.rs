@@ -1,0 +1,391 @@
+//! Agents, grants, limits, OAuth clients, signing keys and revoked tokens.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use super::record_change;
+use crate::policy::snapshot::{
+    AgentRecord, ClientRecord, Discovery, GrantRecord, PolicyState, RateLimitRecord, VerifyKey,
+};
+
+/// Reads everything the policy snapshot is built from, in one repeatable-read transaction so
+/// that the snapshot never mixes two states.
+pub async fn load_state(pool: &PgPool) -> sqlx::Result<PolicyState> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let agents = agents(&mut tx).await?;
+    let clients = sqlx::query("SELECT c.client_id, a.name FROM oauth_clients c JOIN agents a ON a.id = c.agent_id")
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .map(|r| ClientRecord { client_id: r.get(0), agent: r.get(1) })
+        .collect();
+    let revoked = sqlx::query_scalar("SELECT jti FROM revoked_tokens WHERE expires_at > now()")
+        .fetch_all(&mut *tx)
+        .await?;
+    let keys = verify_keys(&mut tx).await?;
+    tx.commit().await?;
+    Ok(PolicyState { agents, clients, revoked, keys })
+}
+
+async fn agents(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRecord>> {
+    let mut grants: HashMap<Uuid, Vec<GrantRecord>> = HashMap::new();
+    for r in sqlx::query("SELECT id, agent_id, target, created_by, created_at FROM agent_grants ORDER BY target")
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        grants.entry(r.get(1)).or_default().push(GrantRecord {
+            id: r.get(0),
+            target: r.get(2),
+            created_by: r.get(3),
+            created_at: r.get(4),
+        });
+    }
+    let mut limits: HashMap<Uuid, Vec<RateLimitRecord>> = HashMap::new();
+    for r in sqlx::query("SELECT agent_id, pattern, per_second, burst FROM rate_limits ORDER BY pattern NULLS FIRST")
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        limits.entry(r.get(0)).or_default().push(RateLimitRecord {
+            pattern: r.get(1),
+            per_second: r.get::<i32, _>(2) as u32,
+            burst: r.get::<i32, _>(3) as u32,
+        });
+    }
+    let rows = sqlx::query("SELECT id, name, description, notes, discovery, pinned FROM agents ORDER BY name")
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let id: Uuid = r.get(0);
+            AgentRecord {
+                id,
+                name: r.get(1),
+                description: r.get(2),
+                notes: r.get(3),
+                discovery: Discovery::parse(r.get::<&str, _>(4)).unwrap_or_default(),
+                pinned: r.get(5),
+                grants: grants.remove(&id).unwrap_or_default(),
+                limits: limits.remove(&id).unwrap_or_default(),
+            }
+        })
+        .collect())
+}
+
+/// The signing key and the one before it: JWKS publishes both so rotation does not cut off
+/// tokens already issued.
+async fn verify_keys(conn: &mut PgConnection) -> sqlx::Result<Vec<VerifyKey>> {
+    Ok(sqlx::query("SELECT kid, public_key FROM signing_keys ORDER BY created_at DESC LIMIT 2")
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .map(|r| VerifyKey { kid: r.get(0), public_key: r.get(1) })
+        .collect())
+}
+
+/// The fields of an agent that policies and the API set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSettings {
+    pub description: String,
+    pub notes: String,
+    pub discovery: Discovery,
+    pub pinned: Vec<String>,
+}
+
+pub async fn agent_id(conn: &mut PgConnection, name: &str) -> sqlx::Result<Option<Uuid>> {
+    sqlx::query_scalar("SELECT id FROM agents WHERE name = $1")
+        .bind(name)
+        .fetch_optional(&mut *conn)
+        .await
+}
+
+pub async fn create_agent(conn: &mut PgConnection, actor: &str, name: &str, s: &AgentSettings) -> sqlx::Result<Uuid> {
+    let id = Uuid::now_v7();
+    sqlx::query("INSERT INTO agents (id, name, description, notes, discovery, pinned) VALUES ($1, $2, $3, $4, $5, $6)")
+        .bind(id)
+        .bind(name)
+        .bind(&s.description)
+        .bind(&s.notes)
+        .bind(s.discovery.as_str())
+        .bind(&s.pinned)
+        .execute(&mut *conn)
+        .await?;
+    record_change(conn, actor, "agent.create", &format!("agent:{name}"), None, Some(settings_json(s))).await?;
+    Ok(id)
+}
+
+pub async fn update_agent(conn: &mut PgConnection, actor: &str, name: &str, before: &AgentSettings, s: &AgentSettings) -> sqlx::Result<()> {
+    sqlx::query("UPDATE agents SET description = $2, notes = $3, discovery = $4, pinned = $5, updated_at = now() WHERE name = $1")
+        .bind(name)
+        .bind(&s.description)
+        .bind(&s.notes)
+        .bind(s.discovery.as_str())
+        .bind(&s.pinned)
+        .execute(&mut *conn)
+        .await?;
+    record_change(conn, actor, "agent.update", &format!("agent:{name}"), Some(settings_json(before)), Some(settings_json(s))).await
+}
+
+/// Deletes an agent with its grants, limits and clients. Returns whether it existed.
+pub async fn delete_agent(conn: &mut PgConnection, actor: &str, name: &str) -> sqlx::Result<bool> {
+    let gone = sqlx::query("DELETE FROM agents WHERE name = $1").bind(name).execute(&mut *conn).await?;
+    if gone.rows_affected() > 0 {
+        record_change(conn, actor, "agent.delete", &format!("agent:{name}"), Some(json!({"name": name})), None).await?;
+    }
+    Ok(gone.rows_affected() > 0)
+}
+
+fn settings_json(s: &AgentSettings) -> Value {
+    json!({"description": s.description, "discovery": s.discovery.as_str(), "pinned": s.pinned})
+}
+
+/// Adds a grant; `None` if the agent already has it.
+pub async fn add_grant(conn: &mut PgConnection, actor: &str, agent: &str, target: &str) -> sqlx::Result<Option<Uuid>> {
+    let id = Uuid::now_v7();
+    let inserted = sqlx::query(
+        "INSERT INTO agent_grants (id, agent_id, target, created_by)
+         SELECT $1, id, $3, $4 FROM agents WHERE name = $2
+         ON CONFLICT (agent_id, target) DO NOTHING",
+    )
+    .bind(id)
+    .bind(agent)
+    .bind(target)
+    .bind(actor)
+    .execute(&mut *conn)
+    .await?;
+    if inserted.rows_affected() == 0 {
+        return Ok(None);
+    }
+    record_change(conn, actor, "grant.create", &format!("agent:{agent}/grant:{target}"), None, Some(json!({"agent": agent, "target": target}))).await?;
+    Ok(Some(id))
+}
+
+/// Removes a grant of an agent. Returns whether it existed.
+pub async fn remove_grant(conn: &mut PgConnection, actor: &str, agent: &str, target: &str) -> sqlx::Result<bool> {
+    let gone = sqlx::query(
+        "DELETE FROM agent_grants g USING agents a WHERE g.agent_id = a.id AND a.name = $1 AND g.target = $2",
+    )
+    .bind(agent)
+    .bind(target)
+    .execute(&mut *conn)
+    .await?;
+    if gone.rows_affected() > 0 {
+        record_change(conn, actor, "grant.delete", &format!("agent:{agent}/grant:{target}"), Some(json!({"agent": agent, "target": target})), None).await?;
+    }
+    Ok(gone.rows_affected() > 0)
+}
+
+/// Replaces an agent's rate limits.
+pub async fn set_limits(conn: &mut PgConnection, actor: &str, agent: &str, before: &[RateLimitRecord], limits: &[RateLimitRecord]) -> sqlx::Result<()> {
+    let Some(agent_id) = agent_id(conn, agent).await? else { return Ok(()) };
+    sqlx::query("DELETE FROM rate_limits WHERE agent_id = $1").bind(agent_id).execute(&mut *conn).await?;
+    for l in limits {
+        sqlx::query("INSERT INTO rate_limits (id, agent_id, pattern, per_second, burst) VALUES ($1, $2, $3, $4, $5)")
+            .bind(Uuid::now_v7())
+            .bind(agent_id)
+            .bind(&l.pattern)
+            .bind(l.per_second as i32)
+            .bind(l.burst as i32)
+            .execute(&mut *conn)
+            .await?;
+    }
+    record_change(conn, actor, "rate_limit.set", &format!("agent:{agent}"), Some(json!(before)), Some(json!(limits))).await
+}
+
+/// Group metadata from `policies/groups.yaml`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GroupMeta {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub owner: String,
+}
+
+pub async fn groups(conn: &mut PgConnection) -> sqlx::Result<Vec<GroupMeta>> {
+    Ok(sqlx::query("SELECT name, description, owner FROM tool_groups ORDER BY name")
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .map(|r| GroupMeta { name: r.get(0), description: r.get(1), owner: r.get(2) })
+        .collect())
+}
+
+pub async fn upsert_group(conn: &mut PgConnection, actor: &str, before: Option<&GroupMeta>, g: &GroupMeta) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO tool_groups (name, description, owner) VALUES ($1, $2, $3)
+         ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description, owner = EXCLUDED.owner, updated_at = now()",
+    )
+    .bind(&g.name)
+    .bind(&g.description)
+    .bind(&g.owner)
+    .execute(&mut *conn)
+    .await?;
+    record_change(conn, actor, "group.set", &format!("group:{}", g.name), before.map(|b| json!(b)), Some(json!(g))).await
+}
+
+pub async fn delete_group(conn: &mut PgConnection, actor: &str, name: &str) -> sqlx::Result<bool> {
+    let gone = sqlx::query("DELETE FROM tool_groups WHERE name = $1").bind(name).execute(&mut *conn).await?;
+    if gone.rows_affected() > 0 {
+        record_change(conn, actor, "group.delete", &format!("group:{name}"), Some(json!({"name": name})), None).await?;
+    }
+    Ok(gone.rows_affected() > 0)
+}
+
+/// An OAuth client as the token endpoint needs it.
+#[derive(Debug, Clone)]
+pub struct ClientCredentials {
+    pub client_id: String,
+    pub agent: String,
+    pub secret_hash: Option<String>,
+    pub jwks: Option<Value>,
+}
+
+pub async fn client(pool: &PgPool, client_id: &str) -> sqlx::Result<Option<ClientCredentials>> {
+    Ok(sqlx::query(
+        "SELECT c.client_id, a.name, c.secret_hash, c.jwks FROM oauth_clients c JOIN agents a ON a.id = c.agent_id WHERE c.client_id = $1",
+    )
+    .bind(client_id)
+    .fetch_optional(pool)
+    .await?
+    .map(|r| ClientCredentials { client_id: r.get(0), agent: r.get(1), secret_hash: r.get(2), jwks: r.get(3) }))
+}
+
+/// A client as listed to admins (never its secret).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ClientSummary {
+    pub client_id: String,
+    pub agent: String,
+    pub description: String,
+    pub auth_methods: Vec<&'static str>,
+    pub created_at: DateTime<Utc>,
+}
+
+pub async fn clients(pool: &PgPool, agent: Option<&str>) -> sqlx::Result<Vec<ClientSummary>> {
+    Ok(sqlx::query(
+        "SELECT c.client_id, a.name, c.description, c.secret_hash IS NOT NULL, c.jwks IS NOT NULL, c.created_at
+         FROM oauth_clients c JOIN agents a ON a.id = c.agent_id
+         WHERE $1::text IS NULL OR a.name = $1 ORDER BY a.name, c.created_at",
+    )
+    .bind(agent)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|r| {
+        let mut auth_methods = Vec::new();
+        if r.get::<bool, _>(3) {
+            auth_methods.extend(["client_secret_basic", "client_secret_post"]);
+        }
+        if r.get::<bool, _>(4) {
+            auth_methods.push("private_key_jwt");
+        }
+        ClientSummary { client_id: r.get(0), agent: r.get(1), description: r.get(2), auth_methods, created_at: r.get(5) }
+    })
+    .collect())
+}
+
+/// Creates a client for an agent; `false` if the agent does not exist.
+pub async fn create_client(
+    conn: &mut PgConnection,
+    actor: &str,
+    agent: &str,
+    client_id: &str,
+    secret_hash: Option<&str>,
+    jwks: Option<&Value>,
+    description: &str,
+) -> sqlx::Result<bool> {
+    let inserted = sqlx::query(
+        "INSERT INTO oauth_clients (client_id, agent_id, secret_hash, jwks, description)
+         SELECT $1, id, $3, $4, $5 FROM agents WHERE name = $2",
+    )
+    .bind(client_id)
+    .bind(agent)
+    .bind(secret_hash)
+    .bind(jwks)
+    .bind(description)
+    .execute(&mut *conn)
+    .await?;
+    if inserted.rows_affected() == 0 {
+        return Ok(false);
+    }
+    record_change(conn, actor, "client.create", &format!("agent:{agent}/client:{client_id}"), None, Some(json!({"client_id": client_id, "agent": agent, "private_key_jwt": jwks.is_some()}))).await?;
+    Ok(true)
+}
+
+pub async fn delete_client(conn: &mut PgConnection, actor: &str, client_id: &str) -> sqlx::Result<bool> {
+    let gone = sqlx::query("DELETE FROM oauth_clients WHERE client_id = $1").bind(client_id).execute(&mut *conn).await?;
+    if gone.rows_affected() > 0 {
+        record_change(conn, actor, "client.delete", &format!("client:{client_id}"), Some(json!({"client_id": client_id})), None).await?;
+    }
+    Ok(gone.rows_affected() > 0)
+}
+
+/// The key that signs new tokens.
+pub struct SigningKey {
+    pub kid: String,
+    pub private_pkcs8: Vec<u8>,
+}
+
+pub async fn current_signing_key(pool: &PgPool) -> sqlx::Result<Option<SigningKey>> {
+    Ok(sqlx::query("SELECT kid, private_pkcs8 FROM signing_keys WHERE retired_at IS NULL ORDER BY created_at DESC LIMIT 1")
+        .fetch_optional(pool)
+        .await?
+        .map(|r| SigningKey { kid: r.get(0), private_pkcs8: r.get(1) }))
+}
+
+/// Adds a new signing key and retires the others from signing (they still verify until the
+/// next rotation).
+pub async fn insert_signing_key(conn: &mut PgConnection, actor: &str, kid: &str, private_pkcs8: &[u8], public_key: &[u8]) -> sqlx::Result<()> {
+    sqlx::query("UPDATE signing_keys SET retired_at = now() WHERE retired_at IS NULL")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("INSERT INTO signing_keys (kid, algorithm, private_pkcs8, public_key) VALUES ($1, 'EdDSA', $2, $3)")
+        .bind(kid)
+        .bind(private_pkcs8)
+        .bind(public_key)
+        .execute(&mut *conn)
+        .await?;
+    record_change(conn, actor, "key.rotate", &format!("key:{kid}"), None, Some(json!({"kid": kid}))).await
+}
+
+pub async fn has_signing_key(conn: &mut PgConnection) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM signing_keys WHERE retired_at IS NULL)")
+        .fetch_one(&mut *conn)
+        .await
+}
+
+/// Public keys to publish in JWKS (current and previous).
+pub async fn published_keys(pool: &PgPool) -> sqlx::Result<Vec<VerifyKey>> {
+    let mut conn = pool.acquire().await?;
+    verify_keys(&mut conn).await
+}
+
+pub async fn revoke(conn: &mut PgConnection, actor: &str, jti: Uuid, expires_at: DateTime<Utc>) -> sqlx::Result<()> {
+    sqlx::query("INSERT INTO revoked_tokens (jti, expires_at, revoked_by) VALUES ($1, $2, $3) ON CONFLICT (jti) DO NOTHING")
+        .bind(jti)
+        .bind(expires_at)
+        .bind(actor)
+        .execute(&mut *conn)
+        .await?;
+    record_change(conn, actor, "token.revoke", &format!("token:{jti}"), None, Some(json!({"jti": jti}))).await
+}
+
+/// Drops revocations of tokens that have expired anyway.
+pub async fn prune_revocations(pool: &PgPool) -> sqlx::Result<u64> {
+    Ok(sqlx::query("DELETE FROM revoked_tokens WHERE expires_at < now() - interval '1 hour'")
+        .execute(pool)
+        .await?
+        .rows_affected())
+}
+
+/// Whether any agent exists (first start applies the policies folder into an empty database).
+pub async fn is_empty(pool: &PgPool) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT NOT EXISTS (SELECT 1 FROM agents)").fetch_one(pool).await
+}

@@ -1,0 +1,157 @@
+//! HTTP plumbing shared by the surfaces: request ids, metrics, the bearer guard, health.
+
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+
+use crate::app::AppState;
+use crate::auth::token::{self, TokenError};
+use crate::policy::snapshot::Principal;
+
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Sets `x-request-id` on every request that lacks one and echoes it on the response.
+pub fn request_id_layers() -> tower::layer::util::Stack<PropagateRequestIdLayer, SetRequestIdLayer<MakeRequestUuid>> {
+    // Stack::new(inner, outer): the id is set first, then propagated to the response.
+    tower::layer::util::Stack::new(
+        PropagateRequestIdLayer::new(REQUEST_ID),
+        SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid),
+    )
+}
+
+/// The request id of a request, for logs and error bodies.
+pub fn request_id(req: &axum::http::request::Parts) -> String {
+    req.headers
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
+fn surface_of(path: &str) -> &'static str {
+    match path {
+        p if p.starts_with("/mcp") => "mcp",
+        p if p.starts_with("/tools/") || p == "/openapi.json" => "rest",
+        p if p.starts_with("/oauth/") || p.starts_with("/.well-known/") => "oauth",
+        p if p.starts_with("/api/") => "api",
+        p if p.starts_with("/admin") || p.starts_with("/static/") => "web",
+        _ => "ops",
+    }
+}
+
+/// Counts and times every request per surface, inside a span carrying the request id.
+pub async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let surface = surface_of(req.uri().path());
+    let started = Instant::now();
+    let id = req
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let span = tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id);
+    let response = tracing::Instrument::instrument(next.run(req), span).await;
+    state
+        .metrics
+        .http_requests
+        .with_label_values(&[surface, response.status().as_str()])
+        .inc();
+    state
+        .metrics
+        .http_latency
+        .with_label_values(&[surface])
+        .observe(started.elapsed().as_secs_f64());
+    response
+}
+
+/// Health, readiness and metrics.
+pub fn ops_router() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    let db_ok = sqlx::query("SELECT 1").execute(&state.db).await.is_ok();
+    let snapshot = state.policy.load();
+    let pool_loaded = !snapshot.catalog.groups().collect::<Vec<_>>().is_empty() || state.settings.tools_dir.is_dir();
+    let status = if db_ok && pool_loaded { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (
+        status,
+        Json(json!({
+            "database": if db_ok { "ok" } else { "unreachable" },
+            "pool": {"tools": snapshot.catalog.len(), "load_errors": snapshot.catalog.load_errors().len()},
+        })),
+    )
+        .into_response()
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"))],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+/// The `WWW-Authenticate` challenge that points clients at our protected-resource metadata.
+pub fn bearer_challenge(state: &AppState, error: Option<&str>) -> String {
+    let mut c = format!(
+        "Bearer resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\"",
+        state.settings.issuer
+    );
+    if let Some(e) = error {
+        c.push_str(&format!(", error=\"{e}\""));
+    }
+    c
+}
+
+/// Resource-server guard for `/mcp`, `/tools/...` and `/openapi.json`: a valid access token
+/// (or, in local development only, the dev agent) becomes a [`Principal`] in the request.
+pub async fn require_agent(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let header = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let result = match header {
+        None => match &state.settings.dev_agent {
+            Some(agent) => Ok(dev_principal(&state, agent)),
+            None => Err(TokenError::Missing),
+        },
+        Some(h) => match h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")) {
+            Some(tok) => {
+                let snapshot = state.policy.load();
+                token::verify(tok.trim(), &snapshot, &state.settings.issuer, &state.settings.audience).map(|(p, _)| p)
+            }
+            None => Err(TokenError::Malformed("not a bearer token".into())),
+        },
+    };
+    match result {
+        Ok(principal) => {
+            req.extensions_mut().insert(principal);
+            next.run(req).await
+        }
+        Err(e) => {
+            tracing::debug!(reason = %e, "request refused: invalid token");
+            let error = if e == TokenError::Missing { None } else { Some("invalid_token") };
+            (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, bearer_challenge(&state, error))],
+                Json(json!({"error": error.unwrap_or("unauthorized"), "error_description": "a valid bearer access token is required"})),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// The dev agent holds a token-equivalent of all its live grants.
+fn dev_principal(state: &AppState, agent: &str) -> Principal {
+    let snapshot = state.policy.load();
+    let prefixes = snapshot.agent(agent).map(|a| a.grants.clone()).unwrap_or_default();
+    Principal { agent: agent.to_owned(), client_id: "dev-agent".to_owned(), jti: None, prefixes }
+}

@@ -1,0 +1,22 @@
+//! toolgate: a policy-and-audit gateway that serves a pool of tools (script folders) to AI
+//! agents over MCP and REST, each agent only its granted share.
+//!
+//! Core (no HTTP): [`pool`], [`policy`], [`auth`], [`calls`], [`service`], [`db`].
+//! Surfaces: [`mcp`], [`rest`], [`api`], [`oauth`], over [`app`] and [`http`].
+
+pub mod api;
+pub mod app;
+pub mod auth;
+pub mod calls;
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod http;
+pub mod mcp;
+pub mod metrics;
+pub mod oauth;
+pub mod policy;
+pub mod pool;
+pub mod rest;
+pub mod service;
+pub mod telemetry;

@@ -1,0 +1,410 @@
+//! The gateway as its own OAuth 2.1 authorization server: client credentials for agents,
+//! RFC 8414 / 9728 metadata, JWKS, revocation (RFC 7009) and introspection (RFC 7662).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Form, Json, Router};
+use base64::Engine;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use chrono::{TimeZone, Utc};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::app::AppState;
+use crate::auth::token::{AccessClaims, sign};
+use crate::auth::{keys, secrets};
+use crate::db;
+use crate::policy::GrantTarget;
+
+pub const CLIENT_ASSERTION_TYPE: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
+/// Algorithms accepted for `private_key_jwt` client assertions.
+const ASSERTION_ALGS: [Algorithm; 4] = [Algorithm::EdDSA, Algorithm::RS256, Algorithm::ES256, Algorithm::PS256];
+/// Longest lifetime accepted for a client assertion.
+const MAX_ASSERTION_LIFETIME_SECS: i64 = 600;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/oauth/token", post(token))
+        .route("/oauth/revoke", post(revoke))
+        .route("/oauth/introspect", post(introspect))
+        .route("/.well-known/oauth-authorization-server", get(as_metadata))
+        .route("/.well-known/oauth-protected-resource", get(resource_metadata))
+        .route("/.well-known/oauth-protected-resource/mcp", get(resource_metadata))
+        .route("/.well-known/jwks.json", get(jwks))
+}
+
+/// Creates the first signing key if the database has none.
+pub async fn ensure_signing_key(pool: &PgPool) -> anyhow::Result<()> {
+    let mut tx = pool.begin().await?;
+    // Two instances starting on an empty database must not both create a key.
+    sqlx::query("SELECT pg_advisory_xact_lock(7_470_111)").execute(&mut *tx).await?;
+    if !db::policy::has_signing_key(&mut tx).await? {
+        let key = keys::generate()?;
+        db::policy::insert_signing_key(&mut tx, "toolgate", &key.kid, &key.private_pkcs8, &key.public_key).await?;
+        tracing::info!(kid = %key.kid, "created the first token signing key");
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Rotates the signing key; returns the new kid.
+pub async fn rotate_key(pool: &PgPool, actor: &str) -> anyhow::Result<String> {
+    let key = keys::generate()?;
+    let mut tx = pool.begin().await?;
+    db::policy::insert_signing_key(&mut tx, actor, &key.kid, &key.private_pkcs8, &key.public_key).await?;
+    tx.commit().await?;
+    Ok(key.kid)
+}
+
+/// Single-use memory for client-assertion `jti`s (per instance; an assertion lives minutes).
+#[derive(Default)]
+pub struct ReplayCache(Mutex<HashMap<String, i64>>);
+
+impl ReplayCache {
+    /// Records `jti` until `exp`; `false` if it was already used.
+    pub fn first_use(&self, jti: &str, exp: i64) -> bool {
+        let now = Utc::now().timestamp();
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        seen.retain(|_, e| *e >= now);
+        seen.insert(jti.to_owned(), exp).is_none()
+    }
+}
+
+/// An OAuth error response (RFC 6749 §5.2).
+pub struct OAuthError {
+    status: StatusCode,
+    error: &'static str,
+    description: String,
+    basic_challenge: bool,
+}
+
+impl OAuthError {
+    fn new(status: StatusCode, error: &'static str, description: impl Into<String>) -> Self {
+        Self { status, error, description: description.into(), basic_challenge: false }
+    }
+    fn invalid_client(description: impl Into<String>) -> Self {
+        Self { basic_challenge: true, ..Self::new(StatusCode::UNAUTHORIZED, "invalid_client", description) }
+    }
+}
+
+impl IntoResponse for OAuthError {
+    fn into_response(self) -> Response {
+        let mut r = (
+            self.status,
+            [(header::CACHE_CONTROL, "no-store")],
+            Json(json!({"error": self.error, "error_description": self.description})),
+        )
+            .into_response();
+        if self.basic_challenge
+            && let Ok(v) = "Basic realm=\"toolgate\"".parse()
+        {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+        }
+        r
+    }
+}
+
+/// An authenticated OAuth client.
+pub struct AuthenticatedClient {
+    pub client_id: String,
+    pub agent: String,
+}
+
+fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
+    let h = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let b64 = h.strip_prefix("Basic ").or_else(|| h.strip_prefix("basic "))?;
+    let decoded = String::from_utf8(STANDARD.decode(b64.trim()).ok()?).ok()?;
+    let (id, secret) = decoded.split_once(':')?;
+    // RFC 6749 §2.3.1: both parts are form-urlencoded before base64.
+    let dec = |s: &str| url::form_urlencoded::parse(format!("v={s}").as_bytes()).next().map(|(_, v)| v.into_owned());
+    Some((dec(id)?, dec(secret)?))
+}
+
+/// Authenticates the client with exactly one of client_secret_basic, client_secret_post or
+/// private_key_jwt.
+pub async fn authenticate_client(
+    state: &AppState,
+    headers: &HeaderMap,
+    form: &HashMap<String, String>,
+) -> Result<AuthenticatedClient, OAuthError> {
+    let basic = basic_credentials(headers);
+    let post = form.get("client_secret").map(|s| (form.get("client_id").cloned().unwrap_or_default(), s.clone()));
+    let assertion = form.get("client_assertion");
+    let methods = [basic.is_some(), post.is_some(), assertion.is_some()].iter().filter(|m| **m).count();
+    if methods > 1 {
+        return Err(OAuthError::new(StatusCode::BAD_REQUEST, "invalid_request", "use exactly one client authentication method"));
+    }
+    if let Some(assertion) = assertion {
+        if form.get("client_assertion_type").map(String::as_str) != Some(CLIENT_ASSERTION_TYPE) {
+            return Err(OAuthError::new(StatusCode::BAD_REQUEST, "invalid_request", "unsupported client_assertion_type"));
+        }
+        return verify_assertion(state, assertion, form.get("client_id")).await;
+    }
+    let Some((client_id, secret)) = basic.or(post) else {
+        return Err(OAuthError::invalid_client("client authentication is required"));
+    };
+    let client = db::policy::client(&state.db, &client_id)
+        .await
+        .map_err(|_| OAuthError::new(StatusCode::SERVICE_UNAVAILABLE, "temporarily_unavailable", "try again"))?;
+    let stored = client.as_ref().and_then(|c| c.secret_hash.clone());
+    // argon2 is deliberately slow: keep it off the async workers.
+    let ok = tokio::task::spawn_blocking(move || secrets::verify(&secret, stored.as_deref())).await.unwrap_or(false);
+    match client {
+        Some(c) if ok => Ok(AuthenticatedClient { client_id: c.client_id, agent: c.agent }),
+        _ => Err(OAuthError::invalid_client("client authentication failed")),
+    }
+}
+
+/// Reads a claim from a JWT's payload without verifying it, only to find which key to verify with.
+fn unverified_claim(jwt: &str, claim: &str) -> Option<String> {
+    let payload = jwt.split('.').nth(1)?;
+    let bytes = URL_SAFE_NO_PAD.decode(payload).ok()?;
+    let v: Value = serde_json::from_slice(&bytes).ok()?;
+    v.get(claim)?.as_str().map(str::to_owned)
+}
+
+async fn verify_assertion(state: &AppState, assertion: &str, form_client_id: Option<&String>) -> Result<AuthenticatedClient, OAuthError> {
+    let fail = || OAuthError::invalid_client("client assertion rejected");
+    let header = jsonwebtoken::decode_header(assertion).map_err(|_| fail())?;
+    if !ASSERTION_ALGS.contains(&header.alg) {
+        return Err(fail());
+    }
+    let client_id = match (form_client_id, unverified_claim(assertion, "sub")) {
+        (Some(f), Some(s)) if *f != s => return Err(fail()),
+        (_, Some(s)) => s,
+        _ => return Err(fail()),
+    };
+    let client = db::policy::client(&state.db, &client_id).await.ok().flatten().ok_or_else(fail)?;
+    let jwks: jsonwebtoken::jwk::JwkSet = client
+        .jwks
+        .clone()
+        .and_then(|j| serde_json::from_value(j).ok())
+        .ok_or_else(fail)?;
+    let jwk = match &header.kid {
+        Some(kid) => jwks.find(kid),
+        None if jwks.keys.len() == 1 => jwks.keys.first(),
+        None => None,
+    }
+    .ok_or_else(fail)?;
+    let key = DecodingKey::from_jwk(jwk).map_err(|_| fail())?;
+    let mut v = Validation::new(header.alg);
+    v.set_issuer(&[&client_id]);
+    v.sub = Some(client_id.clone());
+    v.set_audience(&[format!("{}/oauth/token", state.settings.issuer), state.settings.issuer.clone()]);
+    v.set_required_spec_claims(&["exp", "iss", "sub", "aud"]);
+    v.leeway = 5;
+    let data = jsonwebtoken::decode::<Value>(assertion, &key, &v).map_err(|_| fail())?;
+    let exp = data.claims.get("exp").and_then(Value::as_i64).unwrap_or(0);
+    if exp - Utc::now().timestamp() > MAX_ASSERTION_LIFETIME_SECS {
+        return Err(fail());
+    }
+    let jti = data.claims.get("jti").and_then(Value::as_str).ok_or_else(fail)?;
+    if !state.replay.first_use(&format!("{client_id}:{jti}"), exp) {
+        return Err(fail());
+    }
+    Ok(AuthenticatedClient { client_id: client.client_id, agent: client.agent })
+}
+
+/// Narrows the agent's live grants by a requested `scope` (`tools:search tools:weather__current`).
+pub fn narrow(grants: &[GrantTarget], scope: Option<&str>) -> Result<Vec<GrantTarget>, String> {
+    let Some(scope) = scope.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(grants.to_vec());
+    };
+    let mut out = Vec::new();
+    for item in scope.split_whitespace() {
+        let target = item
+            .strip_prefix("tools:")
+            .and_then(|t| GrantTarget::parse(t).ok())
+            .ok_or_else(|| format!("unknown scope `{item}`; scopes look like `tools:<group>` or `tools:<group>__<tool>`"))?;
+        let covered = grants.iter().any(|g| match (&target, g) {
+            (GrantTarget::Group(a), GrantTarget::Group(b)) => a == b,
+            (GrantTarget::Tool(t), g) => g.matches(t.as_str()),
+            (GrantTarget::Group(_), GrantTarget::Tool(_)) => false,
+        });
+        if !covered {
+            return Err(format!("scope `{item}` is not granted to this agent"));
+        }
+        if !out.contains(&target) {
+            out.push(target);
+        }
+    }
+    Ok(out)
+}
+
+async fn token(State(state): State<AppState>, headers: HeaderMap, Form(form): Form<HashMap<String, String>>) -> Response {
+    match issue_token(&state, &headers, &form).await {
+        Ok(body) => (StatusCode::OK, [(header::CACHE_CONTROL, "no-store"), (header::PRAGMA, "no-cache")], Json(body)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn issue_token(state: &AppState, headers: &HeaderMap, form: &HashMap<String, String>) -> Result<Value, OAuthError> {
+    let client = authenticate_client(state, headers, form).await?;
+    match form.get("grant_type").map(String::as_str) {
+        Some("client_credentials") => {}
+        Some(other) => {
+            return Err(OAuthError::new(StatusCode::BAD_REQUEST, "unsupported_grant_type", format!("grant_type `{other}` is not supported; use client_credentials")));
+        }
+        None => return Err(OAuthError::new(StatusCode::BAD_REQUEST, "invalid_request", "grant_type is required")),
+    }
+    if let Some(resource) = form.get("resource")
+        && resource.trim_end_matches('/') != state.settings.audience
+    {
+        return Err(OAuthError::new(StatusCode::BAD_REQUEST, "invalid_target", format!("resource must be {}", state.settings.audience)));
+    }
+    let snapshot = state.policy.load();
+    let grants = snapshot.agent(&client.agent).map(|a| a.grants.clone()).unwrap_or_default();
+    drop(snapshot);
+    let prefixes = narrow(&grants, form.get("scope").map(String::as_str))
+        .map_err(|e| OAuthError::new(StatusCode::BAD_REQUEST, "invalid_scope", e))?;
+    let key = db::policy::current_signing_key(&state.db)
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| OAuthError::new(StatusCode::SERVICE_UNAVAILABLE, "temporarily_unavailable", "no signing key"))?;
+    let claims = AccessClaims::new(&state.settings.issuer, &state.settings.audience, &client.agent, &client.client_id, &prefixes, state.settings.token_ttl);
+    let jwt = sign(&claims, &key.kid, &key.private_pkcs8)
+        .map_err(|_| OAuthError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "signing failed"))?;
+    tracing::info!(agent = %client.agent, client_id = %client.client_id, jti = %claims.jti, "access token issued");
+    Ok(json!({
+        "access_token": jwt,
+        "token_type": "Bearer",
+        "expires_in": state.settings.token_ttl.as_secs(),
+        "scope": claims.scope,
+    }))
+}
+
+/// Verifies one of our tokens' signature and returns its claims, expired or not (for
+/// revocation and introspection).
+fn decode_ours(state: &AppState, token: &str, check_exp: bool) -> Option<AccessClaims> {
+    let header = jsonwebtoken::decode_header(token).ok()?;
+    if header.alg != Algorithm::EdDSA {
+        return None;
+    }
+    let snapshot = state.policy.load();
+    let key = snapshot.verify_key(header.kid.as_deref()?)?;
+    let mut v = Validation::new(Algorithm::EdDSA);
+    v.set_issuer(&[&state.settings.issuer]);
+    v.set_audience(&[&state.settings.audience]);
+    v.validate_exp = check_exp;
+    jsonwebtoken::decode::<AccessClaims>(token, &DecodingKey::from_ed_der(key), &v).ok().map(|d| d.claims)
+}
+
+async fn revoke(State(state): State<AppState>, headers: HeaderMap, Form(form): Form<HashMap<String, String>>) -> Response {
+    let client = match authenticate_client(&state, &headers, &form).await {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let Some(token) = form.get("token") else {
+        return OAuthError::new(StatusCode::BAD_REQUEST, "invalid_request", "token is required").into_response();
+    };
+    // RFC 7009 §2.2: an invalid or foreign token is answered 200 all the same.
+    if let Some(claims) = decode_ours(&state, token, false)
+        && claims.client_id == client.client_id
+        && let Ok(jti) = uuid::Uuid::parse_str(&claims.jti)
+    {
+        let expires = Utc.timestamp_opt(claims.exp, 0).single().unwrap_or_else(Utc::now);
+        let result = async {
+            let mut tx = state.db.begin().await?;
+            db::policy::revoke(&mut tx, &format!("client:{}", client.client_id), jti, expires).await?;
+            tx.commit().await
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "recording a revocation failed");
+            return OAuthError::new(StatusCode::SERVICE_UNAVAILABLE, "temporarily_unavailable", "try again").into_response();
+        }
+        tracing::info!(jti = %jti, client_id = %client.client_id, "access token revoked");
+    }
+    (StatusCode::OK, [(header::CACHE_CONTROL, "no-store")]).into_response()
+}
+
+async fn introspect(State(state): State<AppState>, headers: HeaderMap, Form(form): Form<HashMap<String, String>>) -> Response {
+    if !crate::api::is_admin_token(&state, &headers) {
+        return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], Json(json!({"error": "invalid_client"}))).into_response();
+    }
+    let inactive = Json(json!({"active": false})).into_response();
+    let Some(token) = form.get("token") else { return inactive };
+    let snapshot = state.policy.load();
+    match crate::auth::token::verify(token, &snapshot, &state.settings.issuer, &state.settings.audience) {
+        Ok((_, c)) => Json(json!({
+            "active": true,
+            "token_type": "Bearer",
+            "iss": c.iss, "sub": c.sub, "aud": c.aud, "client_id": c.client_id,
+            "iat": c.iat, "exp": c.exp, "jti": c.jti, "scope": c.scope,
+            "tool_prefixes": c.tool_prefixes,
+        }))
+        .into_response(),
+        Err(_) => inactive,
+    }
+}
+
+fn scopes_supported(state: &AppState) -> Vec<String> {
+    state.policy.load().catalog.group_names().into_iter().map(|g| format!("tools:{g}")).collect()
+}
+
+async fn as_metadata(State(state): State<AppState>) -> Json<Value> {
+    let i = &state.settings.issuer;
+    Json(json!({
+        "issuer": i,
+        "token_endpoint": format!("{i}/oauth/token"),
+        "jwks_uri": format!("{i}/.well-known/jwks.json"),
+        "revocation_endpoint": format!("{i}/oauth/revoke"),
+        "introspection_endpoint": format!("{i}/oauth/introspect"),
+        "grant_types_supported": ["client_credentials"],
+        "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt"],
+        "token_endpoint_auth_signing_alg_values_supported": ["EdDSA", "RS256", "ES256", "PS256"],
+        "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt"],
+        "scopes_supported": scopes_supported(&state),
+        "response_types_supported": [],
+    }))
+}
+
+async fn resource_metadata(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "resource": state.settings.audience,
+        "resource_name": "toolgate",
+        "authorization_servers": [state.settings.issuer],
+        "bearer_methods_supported": ["header"],
+        "scopes_supported": scopes_supported(&state),
+    }))
+}
+
+async fn jwks(State(state): State<AppState>) -> Response {
+    match db::policy::published_keys(&state.db).await {
+        Ok(keys) => (
+            [(header::CACHE_CONTROL, "public, max-age=300")],
+            Json(json!({"keys": keys.iter().map(|k| keys::jwk(&k.kid, &k.public_key)).collect::<Vec<_>>()})),
+        )
+            .into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "reading the signing keys failed");
+            StatusCode::SERVICE_UNAVAILABLE.into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g(s: &str) -> GrantTarget {
+        GrantTarget::parse(s).unwrap()
+    }
+
+    #[test]
+    fn scope_narrows_but_never_widens() {
+        let grants = [g("search"), g("weather__current")];
+        assert_eq!(narrow(&grants, None).unwrap(), grants.to_vec());
+        assert_eq!(narrow(&grants, Some("tools:search")).unwrap(), vec![g("search")]);
+        assert_eq!(narrow(&grants, Some("tools:search__query")).unwrap(), vec![g("search__query")]);
+        assert!(narrow(&grants, Some("tools:weather")).is_err());
+        assert!(narrow(&grants, Some("admin")).is_err());
+    }
+}

@@ -1,0 +1,556 @@
+//! Policies as code: `policies/agents/<name>/agent.md` (YAML front matter plus a Markdown
+//! body) and an optional `policies/groups.yaml`. `check` validates a folder against the
+//! catalog, `apply` makes the database match it, `export` writes the database back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use super::GrantTarget;
+use super::snapshot::{AgentRecord, Discovery, RateLimitRecord};
+use crate::db;
+use crate::db::policy::{AgentSettings, GroupMeta};
+use crate::pool::Catalog;
+
+/// A rate limit as written in front matter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limit {
+    pub per_second: u32,
+    pub burst: u32,
+}
+
+/// The YAML front matter of an `agent.md`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrontMatter {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    #[serde(default)]
+    pub tools: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<Discovery>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<Limit>,
+    /// Limits per group or exact tool: `tool_limits: {weather: {per_second: 1, burst: 2}}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tool_limits: BTreeMap<String, Limit>,
+}
+
+/// One agent file.
+#[derive(Debug, Clone)]
+pub struct AgentFile {
+    pub name: String,
+    /// Path shown in messages, relative to the policies folder's parent.
+    pub file: String,
+    pub front: FrontMatter,
+    pub body: String,
+    front_lines: Vec<String>,
+}
+
+impl AgentFile {
+    /// The line (1-based, in the file) where `value` is written in the front matter.
+    fn line_of(&self, value: &str) -> usize {
+        self.front_lines
+            .iter()
+            .position(|l| {
+                l.match_indices(value).any(|(i, _)| {
+                    let before = l[..i].chars().last();
+                    let after = l[i + value.len()..].chars().next();
+                    !before.is_some_and(crate::pool::is_name_char) && !after.is_some_and(crate::pool::is_name_char)
+                })
+            })
+            .map(|i| i + 2)
+            .unwrap_or(1)
+    }
+
+    pub fn settings(&self) -> AgentSettings {
+        AgentSettings {
+            description: self.front.description.clone(),
+            notes: self.body.clone(),
+            discovery: self.front.discovery.unwrap_or_default(),
+            pinned: self.front.pinned.clone(),
+        }
+    }
+
+    pub fn limits(&self) -> Vec<RateLimitRecord> {
+        let mut out: Vec<RateLimitRecord> = self
+            .front
+            .rate_limit
+            .iter()
+            .map(|l| RateLimitRecord { pattern: None, per_second: l.per_second, burst: l.burst })
+            .collect();
+        out.extend(self.front.tool_limits.iter().map(|(p, l)| RateLimitRecord {
+            pattern: Some(p.clone()),
+            per_second: l.per_second,
+            burst: l.burst,
+        }));
+        out
+    }
+}
+
+/// A problem in the policies folder, located to a file and line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub file: String,
+    pub line: usize,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}", self.file, self.line, self.message)
+    }
+}
+
+/// The parsed folder.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyDir {
+    pub agents: Vec<AgentFile>,
+    pub groups: Vec<GroupMeta>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupsFile {
+    #[serde(default)]
+    groups: BTreeMap<String, GroupEntry>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupEntry {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    description: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    owner: String,
+}
+
+fn shown(dir: &Path, path: &Path) -> String {
+    let base = dir.parent().unwrap_or(dir);
+    path.strip_prefix(base).unwrap_or(path).display().to_string()
+}
+
+/// Splits `---\n<yaml>\n---\n<body>`.
+fn split_front_matter(text: &str) -> Option<(&str, &str)> {
+    let rest = text.strip_prefix("---\n").or_else(|| text.strip_prefix("---\r\n"))?;
+    let mut offset = 0;
+    for line in rest.split_inclusive('\n') {
+        if line.trim_end() == "---" {
+            return Some((&rest[..offset], &rest[offset + line.len()..]));
+        }
+        offset += line.len();
+    }
+    if rest[offset..].trim_end() == "---" {
+        return Some((&rest[..offset], ""));
+    }
+    None
+}
+
+/// Reads the folder; syntax problems come back located, and the rest still loads.
+pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
+    let mut problems = Vec::new();
+    let mut out = PolicyDir::default();
+    let agents_dir = dir.join("agents");
+    let mut folders: Vec<PathBuf> = std::fs::read_dir(&agents_dir)
+        .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_dir()).collect())
+        .unwrap_or_default();
+    folders.sort();
+    for folder in folders {
+        let name = folder.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        let path = folder.join("agent.md");
+        let file = shown(dir, &path);
+        let problem = |line: usize, message: String| Problem { file: file.clone(), line, message };
+        if name.is_empty() || name.len() > 64 || !name.chars().all(crate::pool::is_name_char) {
+            problems.push(problem(1, format!("agent folder name `{name}` must be 1-64 letters, digits, `_`, `.` or `-`")));
+            continue;
+        }
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                problems.push(problem(1, format!("cannot read agent.md: {e}")));
+                continue;
+            }
+        };
+        let Some((yaml, body)) = split_front_matter(&text) else {
+            problems.push(problem(1, "agent.md must start with YAML front matter between `---` lines".into()));
+            continue;
+        };
+        let front: FrontMatter = if yaml.trim().is_empty() {
+            FrontMatter::default()
+        } else {
+            match serde_yaml::from_str(yaml) {
+                Ok(f) => f,
+                Err(e) => {
+                    let line = e.location().map(|l| l.line() + 1).unwrap_or(1);
+                    problems.push(problem(line, format!("invalid front matter: {e}")));
+                    continue;
+                }
+            }
+        };
+        out.agents.push(AgentFile {
+            name,
+            file,
+            front,
+            body: body.trim().to_owned(),
+            front_lines: yaml.lines().map(str::to_owned).collect(),
+        });
+    }
+    let groups_path = dir.join("groups.yaml");
+    if groups_path.is_file() {
+        let file = shown(dir, &groups_path);
+        match std::fs::read_to_string(&groups_path).map_err(|e| e.to_string()).and_then(|t| {
+            serde_yaml::from_str::<GroupsFile>(&t).map_err(|e| {
+                format!("{}invalid groups.yaml: {e}", e.location().map(|l| format!("@{}@", l.line())).unwrap_or_default())
+            })
+        }) {
+            Ok(g) => {
+                out.groups = g
+                    .groups
+                    .into_iter()
+                    .map(|(name, e)| GroupMeta { name, description: e.description, owner: e.owner })
+                    .collect();
+            }
+            Err(msg) => {
+                let (line, msg) = match msg.strip_prefix('@').and_then(|m| m.split_once('@')) {
+                    Some((l, m)) => (l.parse().unwrap_or(1), m.to_owned()),
+                    None => (1, msg),
+                };
+                problems.push(Problem { file, line, message: msg });
+            }
+        }
+    }
+    (out, problems)
+}
+
+/// Checks the folder against the catalog: every grant must parse and match at least one
+/// tool, pinned tools must be visible, group metadata must name a served group.
+pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let groups = catalog.group_names();
+    for agent in &policies.agents {
+        let mut targets = Vec::new();
+        let mut seen = BTreeSet::new();
+        for grant in &agent.front.tools {
+            let line = agent.line_of(grant);
+            let at = |message: String| Problem { file: agent.file.clone(), line, message };
+            if !seen.insert(grant.as_str()) {
+                problems.push(at(format!("grant `{grant}` is listed twice")));
+                continue;
+            }
+            match GrantTarget::parse(grant) {
+                Err(e) => problems.push(at(e)),
+                Ok(t) => {
+                    if t.matched(catalog).is_empty() {
+                        let hint = match super::suggestions(grant, catalog).first() {
+                            Some(s) => format!("; did you mean `{s}`?"),
+                            None => String::new(),
+                        };
+                        let what = match &t {
+                            GrantTarget::Group(g) if !groups.contains(g) => format!("unknown group `{g}`"),
+                            _ => format!("grant `{grant}` matches no tool"),
+                        };
+                        problems.push(at(format!("{what}: agent `{}` gets nothing from it{hint}", agent.name)));
+                    }
+                    targets.push(t);
+                }
+            }
+        }
+        if !agent.front.tools.is_empty() && targets.iter().all(|t| t.matched(catalog).is_empty()) {
+            problems.push(Problem {
+                file: agent.file.clone(),
+                line: agent.line_of("tools"),
+                message: format!("agent `{}` sees no tools at all: every grant matches nothing", agent.name),
+            });
+        }
+        for pin in &agent.front.pinned {
+            if !targets.iter().any(|t| t.matches(pin)) || catalog.get(pin).is_none() {
+                problems.push(Problem {
+                    file: agent.file.clone(),
+                    line: agent.line_of(pin),
+                    message: format!("pinned tool `{pin}` is not one of the agent's visible tools"),
+                });
+            }
+        }
+        for (pattern, _) in &agent.front.tool_limits {
+            if GrantTarget::parse(pattern).is_err() {
+                problems.push(Problem {
+                    file: agent.file.clone(),
+                    line: agent.line_of(pattern),
+                    message: format!("`{pattern}` in tool_limits is not a group or tool name"),
+                });
+            }
+        }
+        for l in agent.front.rate_limit.iter().chain(agent.front.tool_limits.values()) {
+            if l.per_second == 0 || l.burst == 0 {
+                problems.push(Problem {
+                    file: agent.file.clone(),
+                    line: agent.line_of("per_second"),
+                    message: "rate limits need per_second and burst of at least 1".into(),
+                });
+            }
+        }
+    }
+    for g in &policies.groups {
+        if !groups.contains(&g.name) {
+            let hint = super::suggestions(&g.name, catalog).first().map(|s| format!("; did you mean `{s}`?")).unwrap_or_default();
+            problems.push(Problem { file: "policies/groups.yaml".into(), line: 1, message: format!("unknown group `{}`{hint}", g.name) });
+        }
+    }
+    problems
+}
+
+/// One change `apply` makes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    CreateAgent { name: String, settings: AgentSettings },
+    UpdateAgent { name: String, before: AgentSettings, after: AgentSettings },
+    DeleteAgent { name: String },
+    AddGrant { agent: String, target: String },
+    RemoveGrant { agent: String, target: String },
+    SetLimits { agent: String, before: Vec<RateLimitRecord>, after: Vec<RateLimitRecord> },
+    SetGroup { before: Option<GroupMeta>, after: GroupMeta },
+    DeleteGroup { name: String },
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Change::CreateAgent { name, .. } => write!(f, "+ agent {name}"),
+            Change::UpdateAgent { name, before, after } => {
+                write!(f, "~ agent {name}")?;
+                if before.discovery != after.discovery {
+                    write!(f, " discovery {} -> {}", before.discovery.as_str(), after.discovery.as_str())?;
+                }
+                if before.description != after.description {
+                    write!(f, " description")?;
+                }
+                if before.notes != after.notes {
+                    write!(f, " notes")?;
+                }
+                if before.pinned != after.pinned {
+                    write!(f, " pinned {:?} -> {:?}", before.pinned, after.pinned)?;
+                }
+                Ok(())
+            }
+            Change::DeleteAgent { name } => write!(f, "- agent {name} (with its grants, limits and clients)"),
+            Change::AddGrant { agent, target } => write!(f, "+ grant {agent} -> {target}"),
+            Change::RemoveGrant { agent, target } => write!(f, "- grant {agent} -> {target}"),
+            Change::SetLimits { agent, after, .. } => {
+                let parts: Vec<String> = after
+                    .iter()
+                    .map(|l| format!("{}: {}/s burst {}", l.pattern.as_deref().unwrap_or("*"), l.per_second, l.burst))
+                    .collect();
+                write!(f, "~ rate limits {agent}: [{}]", parts.join(", "))
+            }
+            Change::SetGroup { before: None, after } => write!(f, "+ group {}", after.name),
+            Change::SetGroup { after, .. } => write!(f, "~ group {}", after.name),
+            Change::DeleteGroup { name } => write!(f, "- group {name}"),
+        }
+    }
+}
+
+fn settings_of(a: &AgentRecord) -> AgentSettings {
+    AgentSettings { description: a.description.clone(), notes: a.notes.clone(), discovery: a.discovery, pinned: a.pinned.clone() }
+}
+
+/// The changes that make the database (`agents`, `groups`) match the folder.
+pub fn plan(policies: &PolicyDir, agents: &[AgentRecord], groups: &[GroupMeta]) -> Vec<Change> {
+    let mut changes = Vec::new();
+    let current: BTreeMap<&str, &AgentRecord> = agents.iter().map(|a| (a.name.as_str(), a)).collect();
+    let wanted: BTreeSet<&str> = policies.agents.iter().map(|a| a.name.as_str()).collect();
+    for file in &policies.agents {
+        let settings = file.settings();
+        let wanted_grants: BTreeSet<&str> = file.front.tools.iter().map(String::as_str).collect();
+        let limits = file.limits();
+        match current.get(file.name.as_str()) {
+            None => {
+                changes.push(Change::CreateAgent { name: file.name.clone(), settings });
+                for t in &wanted_grants {
+                    changes.push(Change::AddGrant { agent: file.name.clone(), target: (*t).to_owned() });
+                }
+                if !limits.is_empty() {
+                    changes.push(Change::SetLimits { agent: file.name.clone(), before: Vec::new(), after: limits });
+                }
+            }
+            Some(record) => {
+                let before = settings_of(record);
+                if before != settings {
+                    changes.push(Change::UpdateAgent { name: file.name.clone(), before, after: settings });
+                }
+                let have: BTreeSet<&str> = record.grants.iter().map(|g| g.target.as_str()).collect();
+                for t in wanted_grants.difference(&have) {
+                    changes.push(Change::AddGrant { agent: file.name.clone(), target: (*t).to_owned() });
+                }
+                for t in have.difference(&wanted_grants) {
+                    changes.push(Change::RemoveGrant { agent: file.name.clone(), target: (*t).to_owned() });
+                }
+                let mut have_limits = record.limits.clone();
+                let mut want_limits = limits.clone();
+                have_limits.sort_by(|a, b| a.pattern.cmp(&b.pattern));
+                want_limits.sort_by(|a, b| a.pattern.cmp(&b.pattern));
+                if have_limits != want_limits {
+                    changes.push(Change::SetLimits { agent: file.name.clone(), before: record.limits.clone(), after: limits });
+                }
+            }
+        }
+    }
+    for a in agents {
+        if !wanted.contains(a.name.as_str()) {
+            changes.push(Change::DeleteAgent { name: a.name.clone() });
+        }
+    }
+    let current_groups: BTreeMap<&str, &GroupMeta> = groups.iter().map(|g| (g.name.as_str(), g)).collect();
+    for g in &policies.groups {
+        match current_groups.get(g.name.as_str()) {
+            Some(existing) if *existing == g => {}
+            existing => changes.push(Change::SetGroup { before: existing.map(|e| (*e).clone()), after: g.clone() }),
+        }
+    }
+    let wanted_groups: BTreeSet<&str> = policies.groups.iter().map(|g| g.name.as_str()).collect();
+    for g in groups {
+        if !wanted_groups.contains(g.name.as_str()) {
+            changes.push(Change::DeleteGroup { name: g.name.clone() });
+        }
+    }
+    changes
+}
+
+/// The outcome of `apply`.
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    pub changes: Vec<Change>,
+    /// Zero-match grants and other non-fatal problems.
+    pub warnings: Vec<Problem>,
+    pub applied: bool,
+}
+
+/// Why `apply` refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("the policies folder has errors:\n{}", .0.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<Problem>),
+    #[error("refusing to apply with --strict: {} problem(s):\n{}", .0.len(), .0.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"))]
+    Strict(Vec<Problem>),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// Makes the database match the folder in one transaction.
+pub async fn apply_dir(pool: &PgPool, dir: &Path, catalog: &Catalog, actor: &str, dry_run: bool, strict: bool) -> Result<ApplyReport, ApplyError> {
+    let (policies, syntax) = read_dir(dir);
+    if !syntax.is_empty() {
+        return Err(ApplyError::Invalid(syntax));
+    }
+    let warnings = check(&policies, catalog);
+    if strict && !warnings.is_empty() {
+        return Err(ApplyError::Strict(warnings));
+    }
+    let mut tx = pool.begin().await?;
+    // One apply at a time; a concurrent one would compute its diff from a stale read.
+    sqlx::query("SELECT pg_advisory_xact_lock(7_470_112)").execute(&mut *tx).await?;
+    let state = db::policy::load_state(pool).await?;
+    let groups = db::policy::groups(&mut tx).await?;
+    let changes = plan(&policies, &state.agents, &groups);
+    if !dry_run {
+        for change in &changes {
+            match change {
+                Change::CreateAgent { name, settings } => {
+                    db::policy::create_agent(&mut tx, actor, name, settings).await?;
+                }
+                Change::UpdateAgent { name, before, after } => db::policy::update_agent(&mut tx, actor, name, before, after).await?,
+                Change::DeleteAgent { name } => {
+                    db::policy::delete_agent(&mut tx, actor, name).await?;
+                }
+                Change::AddGrant { agent, target } => {
+                    db::policy::add_grant(&mut tx, actor, agent, target).await?;
+                }
+                Change::RemoveGrant { agent, target } => {
+                    db::policy::remove_grant(&mut tx, actor, agent, target).await?;
+                }
+                Change::SetLimits { agent, before, after } => db::policy::set_limits(&mut tx, actor, agent, before, after).await?,
+                Change::SetGroup { before, after } => db::policy::upsert_group(&mut tx, actor, before.as_ref(), after).await?,
+                Change::DeleteGroup { name } => {
+                    db::policy::delete_group(&mut tx, actor, name).await?;
+                }
+            }
+        }
+        tx.commit().await?;
+    }
+    Ok(ApplyReport { changes, warnings, applied: !dry_run })
+}
+
+/// Writes the database as policy files that `apply` turns into no change.
+pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
+    let state = db::policy::load_state(pool).await?;
+    let mut conn = pool.acquire().await?;
+    let groups = db::policy::groups(&mut conn).await?;
+    let agents_dir = dir.join("agents");
+    std::fs::create_dir_all(&agents_dir)?;
+    for a in &state.agents {
+        let mut tool_limits = BTreeMap::new();
+        let mut rate_limit = None;
+        for l in &a.limits {
+            let limit = Limit { per_second: l.per_second, burst: l.burst };
+            match &l.pattern {
+                None => rate_limit = Some(limit),
+                Some(p) => {
+                    tool_limits.insert(p.clone(), limit);
+                }
+            }
+        }
+        let front = FrontMatter {
+            description: a.description.clone(),
+            tools: a.grants.iter().map(|g| g.target.clone()).collect(),
+            discovery: (a.discovery != Discovery::Full).then_some(a.discovery),
+            pinned: a.pinned.clone(),
+            rate_limit,
+            tool_limits,
+        };
+        let yaml = serde_yaml::to_string(&front)?;
+        let mut text = format!("---\n{yaml}---\n");
+        if !a.notes.is_empty() {
+            text.push('\n');
+            text.push_str(&a.notes);
+            text.push('\n');
+        }
+        let folder = agents_dir.join(&a.name);
+        std::fs::create_dir_all(&folder)?;
+        std::fs::write(folder.join("agent.md"), text)?;
+    }
+    let groups_path = dir.join("groups.yaml");
+    if groups.is_empty() {
+        if groups_path.exists() {
+            std::fs::remove_file(groups_path)?;
+        }
+    } else {
+        let map: BTreeMap<String, GroupEntry> = groups
+            .into_iter()
+            .map(|g| (g.name, GroupEntry { description: g.description, owner: g.owner }))
+            .collect();
+        #[derive(Serialize)]
+        struct Out {
+            groups: BTreeMap<String, GroupEntry>,
+        }
+        std::fs::write(groups_path, serde_yaml::to_string(&Out { groups: map })?)?;
+    }
+    Ok(state.agents.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn front_matter_splits_from_the_body() {
+        let (yaml, body) = split_front_matter("---\ntools: [search]\n---\nHello\n").unwrap();
+        assert_eq!(yaml, "tools: [search]\n");
+        assert_eq!(body, "Hello\n");
+        assert!(split_front_matter("tools: [search]\n").is_none());
+    }
+}

@@ -1,0 +1,191 @@
+//! Who may see and call what: grants, the one decision function, zero-match analysis and the
+//! per-instance snapshot the hot path reads.
+
+pub mod files;
+pub mod snapshot;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::pool::{Catalog, SEPARATOR, ToolName, is_name_char};
+
+/// What a grant (or a token prefix) gives: a whole group, or one exact tool.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GrantTarget {
+    /// Every tool named `<group>__...`.
+    Group(String),
+    /// Exactly this tool, and no other (not `weather__current_v2` for `weather__current`).
+    Tool(ToolName),
+}
+
+impl GrantTarget {
+    /// Parses a grant as an admin writes it: `search` (a group) or `weather__current` (a tool).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if let Some((group, op)) = s.split_once(SEPARATOR) {
+            if group.is_empty() || op.is_empty() {
+                return Err(format!(
+                    "`{s}` is neither a group name nor a `<group>__<operation>` tool name"
+                ));
+            }
+            return ToolName::parse(s).map(GrantTarget::Tool);
+        }
+        if s.is_empty() || s.len() > 64 || !s.chars().all(is_name_char) || s.ends_with('_') {
+            return Err(format!(
+                "`{s}` is not a valid group name (letters, digits, `_`, `.`, `-`; at most 64)"
+            ));
+        }
+        Ok(GrantTarget::Group(s.to_owned()))
+    }
+
+    /// Parses the token form: a group appears as the prefix `search__`.
+    pub fn from_prefix(s: &str) -> Option<Self> {
+        match s.strip_suffix(SEPARATOR) {
+            Some(group) if !group.is_empty() && !group.contains(SEPARATOR) => {
+                Some(GrantTarget::Group(group.to_owned()))
+            }
+            Some(_) => None,
+            None => ToolName::parse(s).ok().map(GrantTarget::Tool),
+        }
+    }
+
+    /// The token form: `search__` for a group, the tool name for a tool.
+    pub fn to_prefix(&self) -> String {
+        match self {
+            GrantTarget::Group(g) => format!("{g}{SEPARATOR}"),
+            GrantTarget::Tool(t) => t.as_str().to_owned(),
+        }
+    }
+
+    pub fn matches(&self, tool: &str) -> bool {
+        match self {
+            GrantTarget::Group(g) => tool
+                .strip_prefix(g.as_str())
+                .is_some_and(|rest| rest.starts_with(SEPARATOR) && rest.len() > SEPARATOR.len()),
+            GrantTarget::Tool(t) => t.as_str() == tool,
+        }
+    }
+
+    /// The tools of `catalog` this grant matches, in name order.
+    pub fn matched<'c>(&self, catalog: &'c Catalog) -> Vec<&'c ToolName> {
+        catalog
+            .tools()
+            .filter(|t| self.matches(t.name.as_str()))
+            .map(|t| &t.name)
+            .collect()
+    }
+}
+
+impl fmt::Display for GrantTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GrantTarget::Group(g) => f.write_str(g),
+            GrantTarget::Tool(t) => f.write_str(t.as_str()),
+        }
+    }
+}
+
+impl Serialize for GrantTarget {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for GrantTarget {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        GrantTarget::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Decides whether an agent may see and call `tool`.
+///
+/// Default deny: the tool must be matched by one of the agent's live grants **and** by one of
+/// the prefixes its token carries. Removing a grant therefore takes effect on the next request
+/// even for tokens issued before; a new grant arrives with the next token. Both `tools/list`
+/// and `tools/call` (and the REST and OpenAPI surfaces) go through this function.
+pub fn may_use(live_grants: &[GrantTarget], token_prefixes: &[GrantTarget], tool: &str) -> bool {
+    live_grants.iter().any(|g| g.matches(tool)) && token_prefixes.iter().any(|p| p.matches(tool))
+}
+
+/// The nearest existing group or tool names to a grant that matches nothing.
+pub fn suggestions(target: &str, catalog: &Catalog) -> Vec<String> {
+    let mut candidates: Vec<String> = catalog.group_names();
+    candidates.extend(catalog.tools().map(|t| t.name.as_str().to_owned()));
+    let mut scored: Vec<(usize, String)> = candidates
+        .into_iter()
+        .map(|c| (strsim::damerau_levenshtein(target, &c), c))
+        .filter(|(d, c)| *d <= (c.len().max(target.len()) / 3).max(2))
+        .collect();
+    scored.sort();
+    scored.into_iter().take(3).map(|(_, c)| c).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn g(s: &str) -> GrantTarget {
+        GrantTarget::parse(s).unwrap()
+    }
+
+    #[test]
+    fn a_group_grant_matches_its_tools_only() {
+        assert!(g("search").matches("search__query"));
+        assert!(!g("search").matches("searchx__query"));
+        assert!(!g("search").matches("search__"));
+        assert!(!g("search").matches("research__query"));
+    }
+
+    #[test]
+    fn an_exact_grant_matches_that_tool_only() {
+        assert!(g("weather__current").matches("weather__current"));
+        assert!(!g("weather__current").matches("weather__current_v2"));
+        assert!(!g("weather__current").matches("weather__forecast"));
+    }
+
+    #[test]
+    fn token_prefixes_round_trip() {
+        for s in ["search", "weather__current"] {
+            let t = g(s);
+            assert_eq!(GrantTarget::from_prefix(&t.to_prefix()), Some(t));
+        }
+        assert_eq!(GrantTarget::from_prefix("__"), None);
+    }
+
+    #[test]
+    fn may_use_needs_both_a_live_grant_and_a_token_prefix() {
+        let live = [g("search")];
+        assert!(may_use(&live, &[g("search")], "search__query"));
+        assert!(!may_use(&live, &[g("weather")], "search__query"));
+        assert!(!may_use(&[], &[g("search")], "search__query"));
+        assert!(!may_use(&live, &[], "search__query"));
+    }
+
+    fn name() -> impl Strategy<Value = String> {
+        "[a-z][a-z0-9_.-]{0,8}".prop_filter("no separator", |s| !s.contains("__") && !s.ends_with('_'))
+    }
+
+    proptest! {
+        #[test]
+        fn exact_grants_never_match_another_tool(
+            group in name(), op in name(), other_group in name(), other_op in name()
+        ) {
+            let tool = format!("{group}__{op}");
+            let other = format!("{other_group}__{other_op}");
+            let grant = g(&tool);
+            prop_assert!(grant.matches(&tool));
+            prop_assert_eq!(grant.matches(&other), tool == other);
+        }
+
+        #[test]
+        fn a_group_grant_matches_exactly_the_tools_with_its_prefix(
+            group in name(), tool_group in name(), op in name()
+        ) {
+            let tool = format!("{tool_group}__{op}");
+            prop_assert_eq!(g(&group).matches(&tool), tool.starts_with(&format!("{group}__")));
+        }
+    }
+}

@@ -1,0 +1,550 @@
+//! Loads tool groups from script folders: `tools/<folder>/openapi.json` plus one script per
+//! operation, whose file stem is the operation's `operationId`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+
+use super::{
+    Catalog, Execution, GroupStatus, HttpBinding, LoadError, SEPARATOR, ScriptSpec, Tool,
+    ToolName, ToolSource, is_name_char,
+};
+
+/// Defaults that apply to every script unless its operation says otherwise.
+#[derive(Debug, Clone)]
+pub struct LoaderSettings {
+    pub default_timeout: Duration,
+    pub max_concurrency_per_tool: usize,
+}
+
+impl Default for LoaderSettings {
+    fn default() -> Self {
+        Self {
+            default_timeout: Duration::from_secs(30),
+            max_concurrency_per_tool: 8,
+        }
+    }
+}
+
+const METHODS: [&str; 5] = ["get", "put", "post", "delete", "patch"];
+const MAX_REF_DEPTH: usize = 32;
+const MAX_TIMEOUT_MS: u64 = 3_600_000;
+
+/// Loads every group under `dir`.
+///
+/// A group that fails to load keeps serving the tools of its last good load from `previous`
+/// (a bad edit must not take working tools offline), and its error is reported. A folder that
+/// disappears takes its tools with it.
+pub fn load_pool(dir: &Path, previous: Option<&Catalog>, settings: &LoaderSettings) -> Catalog {
+    let mut folders: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .filter(|p| {
+                !p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with('.'))
+            })
+            .collect(),
+        Err(e) => {
+            tracing::error!(dir = %dir.display(), error = %e, "cannot read the tools directory");
+            Vec::new()
+        }
+    };
+    folders.sort();
+
+    let mut tools: BTreeMap<String, Arc<Tool>> = BTreeMap::new();
+    let mut groups = Vec::new();
+    for folder in folders {
+        let folder_name = folder
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        let loaded = load_group(&folder, &folder_name, settings).and_then(|group_tools| {
+            // A name clash with an earlier folder breaks this folder, not the earlier one.
+            if let Some(clash) = group_tools.iter().find(|t| tools.contains_key(t.name.as_str())) {
+                let other = match &tools[clash.name.as_str()].source {
+                    ToolSource::Script { folder } => folder.clone(),
+                    ToolSource::Upstream { upstream } => upstream.clone(),
+                };
+                return Err(LoadError {
+                    folder: folder_name.clone(),
+                    file: format!("{folder_name}/openapi.json"),
+                    reason: format!(
+                        "duplicate tool name `{}`: folder `{other}` already serves it",
+                        clash.name
+                    ),
+                });
+            }
+            Ok(group_tools)
+        });
+        match loaded {
+            Ok(group_tools) => {
+                let name = group_tools
+                    .first()
+                    .map(|t| t.group.clone())
+                    .unwrap_or_else(|| folder_name.clone());
+                groups.push(GroupStatus {
+                    name,
+                    folder: folder_name.clone(),
+                    source: "script",
+                    tools: group_tools.len(),
+                    error: None,
+                });
+                for t in group_tools {
+                    tools.insert(t.name.as_str().to_owned(), t);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(folder = %folder_name, file = %error.file, reason = %error.reason, "tool group failed to load");
+                let last_good: Vec<Arc<Tool>> = previous
+                    .map(|p| {
+                        p.tools()
+                            .filter(|t| matches!(&t.source, ToolSource::Script { folder } if *folder == folder_name))
+                            .filter(|t| !tools.contains_key(t.name.as_str()))
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                groups.push(GroupStatus {
+                    name: last_good
+                        .first()
+                        .map(|t| t.group.clone())
+                        .unwrap_or_else(|| folder_name.clone()),
+                    folder: folder_name.clone(),
+                    source: "script",
+                    tools: last_good.len(),
+                    error: Some(error),
+                });
+                for t in last_good {
+                    tools.insert(t.name.as_str().to_owned(), t);
+                }
+            }
+        }
+    }
+    Catalog::new(tools.into_values().collect(), groups)
+}
+
+/// Loads one folder into its tools, or says which file is wrong and why.
+pub fn load_group(
+    folder: &Path,
+    folder_name: &str,
+    settings: &LoaderSettings,
+) -> Result<Vec<Arc<Tool>>, LoadError> {
+    let spec_file = format!("{folder_name}/openapi.json");
+    let fail = |file: &str, reason: String| LoadError {
+        folder: folder_name.to_owned(),
+        file: file.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(folder.join("openapi.json"))
+        .map_err(|e| fail(&spec_file, format!("cannot read openapi.json: {e}")))?;
+    let doc: Value = serde_json::from_str(&text)
+        .map_err(|e| fail(&spec_file, format!("invalid JSON: {e}")))?;
+    let version = doc.get("openapi").and_then(Value::as_str).unwrap_or("");
+    let is_30 = version.starts_with("3.0");
+    if !is_30 && !version.starts_with("3.1") {
+        return Err(fail(
+            &spec_file,
+            format!("`openapi` must be 3.0.x or 3.1.x, found `{version}`"),
+        ));
+    }
+    let group = match doc.get("x-toolgate-group") {
+        None => folder_name.to_owned(),
+        Some(Value::String(g)) => g.clone(),
+        Some(_) => return Err(fail(&spec_file, "`x-toolgate-group` must be a string".into())),
+    };
+    if group.is_empty() || !group.chars().all(is_name_char) || group.contains(SEPARATOR) || group.ends_with('_') {
+        return Err(fail(
+            &spec_file,
+            format!("group name `{group}` must be letters, digits, `_`, `.` or `-`, without `__` and not ending in `_`"),
+        ));
+    }
+    let env_allow = match doc.get("x-toolgate-env") {
+        None => Vec::new(),
+        Some(Value::Array(names)) => names
+            .iter()
+            .map(|n| {
+                n.as_str()
+                    .filter(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+                    .map(str::to_owned)
+                    .ok_or_else(|| fail(&spec_file, format!("`x-toolgate-env` entry {n} is not a variable name")))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(fail(&spec_file, "`x-toolgate-env` must be an array of names".into())),
+    };
+    let scripts = scripts_by_stem(folder).map_err(|e| fail(folder_name, e))?;
+    let paths = doc
+        .get("paths")
+        .and_then(Value::as_object)
+        .ok_or_else(|| fail(&spec_file, "`paths` is missing or not an object".into()))?;
+
+    let mut tools = Vec::new();
+    let mut seen_ops: HashMap<String, String> = HashMap::new();
+    for (path, item) in paths {
+        if !path.starts_with('/') {
+            return Err(fail(&spec_file, format!("path `{path}` must start with `/`")));
+        }
+        let item = resolve_refs(item, &doc, is_30, 0).map_err(|e| fail(&spec_file, e))?;
+        let shared_params = item.get("parameters").cloned().unwrap_or(json!([]));
+        for method in METHODS {
+            let Some(op) = item.get(method) else { continue };
+            let where_ = format!("{} {path}", method.to_uppercase());
+            let op_id = op
+                .get("operationId")
+                .and_then(Value::as_str)
+                .ok_or_else(|| fail(&spec_file, format!("operation {where_} has no operationId")))?;
+            if let Some(other) = seen_ops.insert(op_id.to_owned(), where_.clone()) {
+                return Err(fail(
+                    &spec_file,
+                    format!("operationId `{op_id}` is used by both {other} and {where_}"),
+                ));
+            }
+            let name = ToolName::parse(&format!("{group}{SEPARATOR}{op_id}"))
+                .map_err(|e| fail(&spec_file, format!("operation {where_}: {e}")))?;
+            let script = match scripts.get(op_id).map(Vec::as_slice) {
+                Some([one]) => one.clone(),
+                Some(many) if many.len() > 1 => {
+                    return Err(fail(
+                        &spec_file,
+                        format!("operationId `{op_id}` matches several scripts: {}", file_list(many)),
+                    ));
+                }
+                _ => {
+                    return Err(fail(
+                        &spec_file,
+                        format!("operationId `{op_id}` has no script: expected a file named `{op_id}` or `{op_id}.<ext>` in the folder"),
+                    ));
+                }
+            };
+            let script_rel = format!("{folder_name}/{}", script.file_name().and_then(|n| n.to_str()).unwrap_or(""));
+            let mode = std::fs::metadata(&script)
+                .map_err(|e| fail(&script_rel, format!("cannot stat script: {e}")))?
+                .permissions()
+                .mode();
+            if mode & 0o111 == 0 {
+                return Err(fail(
+                    &script_rel,
+                    format!("script is not executable (run `chmod +x {script_rel}`)"),
+                ));
+            }
+            let (schema, binding) = input_schema(path, method, op, &shared_params)
+                .map_err(|e| fail(&spec_file, format!("operation {where_}: {e}")))?;
+            let validator = jsonschema::options()
+                .with_draft(jsonschema::Draft::Draft202012)
+                .build(&Value::Object(schema.clone()))
+                .map_err(|e| fail(&spec_file, format!("operation {where_}: invalid schema: {e}")))?;
+            let timeout = match op.get("x-toolgate-timeout-ms") {
+                None => settings.default_timeout,
+                Some(v) => match v.as_u64() {
+                    Some(ms) if (1..=MAX_TIMEOUT_MS).contains(&ms) => Duration::from_millis(ms),
+                    _ => {
+                        return Err(fail(
+                            &spec_file,
+                            format!("operation {where_}: `x-toolgate-timeout-ms` must be an integer from 1 to {MAX_TIMEOUT_MS}"),
+                        ));
+                    }
+                },
+            };
+            let ui = match op.get("x-toolgate-ui") {
+                None => None,
+                Some(Value::String(rel)) => {
+                    if rel.split('/').any(|seg| seg == ".." || seg.is_empty()) || rel.starts_with('/') {
+                        return Err(fail(&spec_file, format!("operation {where_}: `x-toolgate-ui` must be a relative path inside the folder")));
+                    }
+                    if !folder.join(rel).is_file() {
+                        return Err(fail(&spec_file, format!("operation {where_}: UI file `{rel}` does not exist")));
+                    }
+                    Some(rel.clone())
+                }
+                Some(_) => return Err(fail(&spec_file, format!("operation {where_}: `x-toolgate-ui` must be a string"))),
+            };
+            let summary = op.get("summary").and_then(Value::as_str).map(str::to_owned);
+            let description = op
+                .get("description")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .or_else(|| summary.clone());
+            let script_bytes = std::fs::read(&script)
+                .map_err(|e| fail(&script_rel, format!("cannot read script: {e}")))?;
+            let content_hash = content_hash(&name, &description, &schema, &script_bytes);
+            tools.push(Arc::new(Tool {
+                name,
+                group: group.clone(),
+                operation: op_id.to_owned(),
+                title: summary,
+                description,
+                input_schema: Arc::new(schema),
+                content_hash,
+                source: ToolSource::Script { folder: folder_name.to_owned() },
+                http: Some(binding),
+                exec: Execution::Script(ScriptSpec {
+                    script,
+                    workdir: folder.to_path_buf(),
+                    timeout,
+                    env_allow: env_allow.clone(),
+                    slots: Arc::new(tokio::sync::Semaphore::new(settings.max_concurrency_per_tool)),
+                }),
+                validator: Arc::new(validator),
+                ui,
+            }));
+        }
+    }
+    // An executable that no operation names is almost always a renamed operationId.
+    for (stem, files) in &scripts {
+        if !seen_ops.contains_key(stem) {
+            for f in files {
+                let executable = std::fs::metadata(f).map(|m| m.permissions().mode() & 0o111 != 0).unwrap_or(false);
+                if executable {
+                    let rel = format!("{folder_name}/{}", f.file_name().and_then(|n| n.to_str()).unwrap_or(""));
+                    return Err(fail(
+                        &rel,
+                        format!("executable `{rel}` matches no operationId in openapi.json (unknown operationId `{stem}`)"),
+                    ));
+                }
+            }
+        }
+    }
+    if tools.is_empty() {
+        return Err(fail(&spec_file, "no operations under `paths`".into()));
+    }
+    Ok(tools)
+}
+
+fn file_list(files: &[PathBuf]) -> String {
+    files
+        .iter()
+        .filter_map(|f| f.file_name().and_then(|n| n.to_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Regular files at the top of the folder, by file stem (`current.py` → `current`).
+fn scripts_by_stem(folder: &Path) -> Result<BTreeMap<String, Vec<PathBuf>>, String> {
+    let mut out: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    let entries = std::fs::read_dir(folder).map_err(|e| format!("cannot read folder: {e}"))?;
+    for entry in entries.filter_map(Result::ok) {
+        let path = entry.path();
+        if !path.is_file() {
+            continue;
+        }
+        let Some(file_name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+        if file_name == "openapi.json" || file_name.starts_with('.') {
+            continue;
+        }
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or(file_name);
+        out.entry(stem.to_owned()).or_default().push(path.clone());
+    }
+    for files in out.values_mut() {
+        files.sort();
+    }
+    Ok(out)
+}
+
+/// Merges an operation's path, query and body parameters into one object schema, the shape
+/// both the MCP tool and the script's stdin use.
+fn input_schema(
+    path: &str,
+    method: &str,
+    op: &Value,
+    shared_params: &Value,
+) -> Result<(Map<String, Value>, HttpBinding), String> {
+    let mut properties = Map::new();
+    let mut required: Vec<Value> = Vec::new();
+    let mut binding = HttpBinding {
+        method: method.to_uppercase().parse().map_err(|_| "bad method".to_owned())?,
+        path: path.to_owned(),
+        path_params: Vec::new(),
+        query_params: Vec::new(),
+        body_params: Vec::new(),
+        operation: op.clone(),
+    };
+    let mut params: Vec<&Value> = Vec::new();
+    let op_params = op.get("parameters");
+    for list in [Some(shared_params), op_params].into_iter().flatten() {
+        let list = list.as_array().ok_or("`parameters` must be an array")?;
+        params.extend(list.iter());
+    }
+    let mut additional = false;
+    for p in params {
+        let name = p.get("name").and_then(Value::as_str).ok_or("a parameter has no name")?;
+        let location = p.get("in").and_then(Value::as_str).unwrap_or("");
+        if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            return Err(format!("parameter name `{name}` must be letters, digits, `_` or `-`"));
+        }
+        let mut schema = p.get("schema").cloned().unwrap_or(json!({}));
+        if let (Some(desc), Value::Object(s)) = (p.get("description"), &mut schema) {
+            s.entry("description").or_insert(desc.clone());
+        }
+        match location {
+            "path" => {
+                if !path.contains(&format!("{{{name}}}")) {
+                    return Err(format!("path parameter `{name}` does not appear in `{path}`"));
+                }
+                binding.path_params.push(name.to_owned());
+                required.push(json!(name));
+            }
+            "query" => {
+                binding.query_params.push(name.to_owned());
+                if p.get("required").and_then(Value::as_bool).unwrap_or(false) {
+                    required.push(json!(name));
+                }
+            }
+            // Headers and cookies are the gateway's, not the script's.
+            "header" | "cookie" => continue,
+            other => return Err(format!("parameter `{name}` has unknown location `{other}`")),
+        }
+        if properties.insert(name.to_owned(), schema).is_some() {
+            // Path-level parameters may be overridden by the operation's own.
+            binding.path_params.dedup();
+            binding.query_params.dedup();
+        }
+    }
+    for segment in path.split('/') {
+        if let Some(name) = segment.strip_prefix('{').and_then(|s| s.strip_suffix('}'))
+            && !binding.path_params.iter().any(|p| p == name)
+        {
+            return Err(format!("path template `{path}` names `{name}`, which no parameter declares"));
+        }
+    }
+    if let Some(body) = op.get("requestBody") {
+        let schema = body
+            .pointer("/content/application~1json/schema")
+            .ok_or("requestBody must have an application/json schema")?;
+        let is_object = schema.get("type").and_then(Value::as_str) == Some("object")
+            || schema.get("properties").is_some();
+        if !is_object {
+            return Err("the request body schema must be a JSON object with `properties`".into());
+        }
+        if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+            for (name, prop) in props {
+                if properties.contains_key(name) {
+                    return Err(format!("body property `{name}` clashes with a parameter of the same name"));
+                }
+                properties.insert(name.clone(), prop.clone());
+                binding.body_params.push(name.clone());
+            }
+        }
+        if let Some(req) = schema.get("required").and_then(Value::as_array) {
+            required.extend(req.iter().cloned());
+        }
+        additional = matches!(schema.get("additionalProperties"), Some(Value::Bool(true)) | Some(Value::Object(_)));
+    }
+    let mut out = Map::new();
+    out.insert("type".into(), json!("object"));
+    out.insert("properties".into(), Value::Object(properties));
+    if !required.is_empty() {
+        out.insert("required".into(), Value::Array(required));
+    }
+    // Unknown arguments are refused unless the body schema explicitly allows them.
+    out.insert("additionalProperties".into(), json!(additional));
+    Ok((out, binding))
+}
+
+/// Inlines local `#/components/...` references; OpenAPI 3.0 `nullable` becomes a type union.
+/// Remote references are refused: nothing is fetched from the network at load time.
+fn resolve_refs(v: &Value, doc: &Value, is_30: bool, depth: usize) -> Result<Value, String> {
+    if depth > MAX_REF_DEPTH {
+        return Err("`$ref` chain too deep (cyclic reference?)".into());
+    }
+    match v {
+        Value::Object(map) => {
+            if let Some(Value::String(r)) = map.get("$ref") {
+                let pointer = r
+                    .strip_prefix('#')
+                    .ok_or_else(|| format!("only local `$ref`s are supported, found `{r}`"))?;
+                let target = doc
+                    .pointer(pointer)
+                    .ok_or_else(|| format!("`$ref` `{r}` points at nothing"))?;
+                return resolve_refs(target, doc, is_30, depth + 1);
+            }
+            let mut out = Map::new();
+            for (k, val) in map {
+                out.insert(k.clone(), resolve_refs(val, doc, is_30, depth)?);
+            }
+            if is_30 && out.get("nullable") == Some(&Value::Bool(true)) {
+                out.remove("nullable");
+                if let Some(Value::String(t)) = out.get("type").cloned() {
+                    out.insert("type".into(), json!([t, "null"]));
+                }
+            }
+            Ok(Value::Object(out))
+        }
+        Value::Array(items) => items
+            .iter()
+            .map(|i| resolve_refs(i, doc, is_30, depth))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::Array),
+        other => Ok(other.clone()),
+    }
+}
+
+fn content_hash(name: &ToolName, description: &Option<String>, schema: &Map<String, Value>, script: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(name.as_str().as_bytes());
+    h.update([0]);
+    h.update(description.as_deref().unwrap_or("").as_bytes());
+    h.update([0]);
+    h.update(serde_json::to_vec(schema).unwrap_or_default());
+    h.update([0]);
+    h.update(script);
+    hex::encode(h.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_and_body_merge_into_one_object_schema() {
+        let op = json!({
+            "operationId": "get",
+            "parameters": [
+                {"name": "name", "in": "path", "required": true, "schema": {"type": "string"}},
+                {"name": "verbose", "in": "query", "schema": {"type": "boolean"}}
+            ],
+            "requestBody": {"content": {"application/json": {"schema": {
+                "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]
+            }}}}
+        });
+        let (schema, binding) = input_schema("/notes/{name}", "post", &op, &json!([])).unwrap();
+        assert_eq!(schema["required"], json!(["name", "q"]));
+        assert_eq!(schema["additionalProperties"], json!(false));
+        assert_eq!(binding.path_params, vec!["name"]);
+        assert_eq!(binding.query_params, vec!["verbose"]);
+        assert_eq!(binding.body_params, vec!["q"]);
+    }
+
+    #[test]
+    fn a_body_property_clashing_with_a_parameter_is_refused() {
+        let op = json!({
+            "parameters": [{"name": "q", "in": "query", "schema": {"type": "string"}}],
+            "requestBody": {"content": {"application/json": {"schema": {
+                "type": "object", "properties": {"q": {"type": "string"}}
+            }}}}
+        });
+        let err = input_schema("/x", "post", &op, &json!([])).unwrap_err();
+        assert!(err.contains("clashes"), "{err}");
+    }
+
+    #[test]
+    fn openapi_30_nullable_becomes_a_type_union_and_refs_are_inlined() {
+        let doc = json!({"components": {"schemas": {"N": {"type": "string", "nullable": true}}}});
+        let v = resolve_refs(&json!({"$ref": "#/components/schemas/N"}), &doc, true, 0).unwrap();
+        assert_eq!(v, json!({"type": ["string", "null"]}));
+    }
+
+    #[test]
+    fn remote_and_cyclic_refs_are_refused() {
+        let doc = json!({"a": {"$ref": "#/a"}});
+        assert!(resolve_refs(&json!({"$ref": "https://evil.example/s.json"}), &doc, false, 0).is_err());
+        assert!(resolve_refs(&json!({"$ref": "#/a"}), &doc, false, 0).is_err());
+    }
+}

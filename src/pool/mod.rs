@@ -1,0 +1,245 @@
+//! The tool pool: every tool the gateway can serve, before anyone's grants are applied.
+//!
+//! A [`Catalog`] is an immutable value. Reloads build a new one and swap it in, so a request
+//! always sees one consistent catalog from start to finish.
+
+pub mod loader;
+pub mod runner;
+pub mod watcher;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// The separator between a group and an operation in a tool name (`weather__current`).
+pub const SEPARATOR: &str = "__";
+
+/// Longest tool name we serve; the MCP conformance suite checks 64.
+pub const MAX_TOOL_NAME: usize = 64;
+
+/// A validated tool name: `[A-Za-z0-9_.-]{1,64}`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct ToolName(String);
+
+impl ToolName {
+    /// Parses a tool name, saying what is wrong with it when it is not one.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s.is_empty() {
+            return Err("tool name is empty".into());
+        }
+        if s.len() > MAX_TOOL_NAME {
+            return Err(format!(
+                "tool name `{s}` is {} characters long; the limit is {MAX_TOOL_NAME}",
+                s.len()
+            ));
+        }
+        if let Some(c) = s.chars().find(|c| !is_name_char(*c)) {
+            return Err(format!(
+                "tool name `{s}` contains `{c}`; only letters, digits, `_`, `.` and `-` are allowed"
+            ));
+        }
+        Ok(Self(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ToolName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Characters allowed in group, operation and tool names.
+pub fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')
+}
+
+/// Where a tool comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum ToolSource {
+    /// A script in a folder under `tools/`.
+    Script { folder: String },
+    /// A tool of an upstream MCP server.
+    Upstream { upstream: String },
+}
+
+impl ToolSource {
+    pub fn label(&self) -> &'static str {
+        match self {
+            ToolSource::Script { .. } => "script",
+            ToolSource::Upstream { .. } => "upstream",
+        }
+    }
+}
+
+/// How the REST projection reaches an operation.
+#[derive(Debug, Clone)]
+pub struct HttpBinding {
+    pub method: http::Method,
+    /// The operation's path inside its group, as written in `openapi.json` (`/notes/{name}`).
+    pub path: String,
+    pub path_params: Vec<String>,
+    pub query_params: Vec<String>,
+    /// Property names that come from the JSON request body.
+    pub body_params: Vec<String>,
+    /// The operation object, kept for the merged OpenAPI document.
+    pub operation: Value,
+}
+
+/// What running a script needs.
+#[derive(Debug, Clone)]
+pub struct ScriptSpec {
+    pub script: PathBuf,
+    pub workdir: PathBuf,
+    pub timeout: Duration,
+    /// Names of environment variables passed through besides the fixed allow-list.
+    pub env_allow: Vec<String>,
+    /// Bounds how many copies of this tool run at once.
+    pub slots: Arc<tokio::sync::Semaphore>,
+}
+
+/// How a call is executed.
+#[derive(Debug, Clone)]
+pub enum Execution {
+    Script(ScriptSpec),
+}
+
+/// One tool of the pool.
+#[derive(Debug)]
+pub struct Tool {
+    pub name: ToolName,
+    pub group: String,
+    pub operation: String,
+    pub title: Option<String>,
+    pub description: Option<String>,
+    pub input_schema: Arc<Map<String, Value>>,
+    pub content_hash: String,
+    pub source: ToolSource,
+    pub http: Option<HttpBinding>,
+    pub exec: Execution,
+    pub validator: Arc<jsonschema::Validator>,
+    /// Relative path of an MCP App UI file in the tool's folder.
+    pub ui: Option<String>,
+}
+
+impl Tool {
+    /// The MCP `Tool` definition, as `tools/list` shows it.
+    pub fn mcp_definition(&self) -> rmcp::model::Tool {
+        let mut tool = rmcp::model::Tool::new(
+            self.name.as_str().to_owned(),
+            self.description.clone().unwrap_or_default(),
+            self.input_schema.clone(),
+        );
+        if self.description.is_none() {
+            tool.description = None;
+        }
+        tool.title = self.title.clone();
+        tool
+    }
+
+    /// Checks arguments against the input schema; each violation is one line.
+    pub fn violations(&self, args: &Value) -> Vec<String> {
+        self.validator
+            .iter_errors(args)
+            .map(|e| {
+                let at = e.instance_path.to_string();
+                if at.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("at `{at}`: {e}")
+                }
+            })
+            .collect()
+    }
+}
+
+/// Why a tool group could not be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LoadError {
+    /// The folder under `tools/`.
+    pub folder: String,
+    /// The file at fault, relative to the tools directory.
+    pub file: String,
+    pub reason: String,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.file, self.reason)
+    }
+}
+
+/// The state of one tool group in the pool.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupStatus {
+    pub name: String,
+    pub folder: String,
+    pub source: &'static str,
+    pub tools: usize,
+    /// The last load failed; `tools` is what is still served from the last good load.
+    pub error: Option<LoadError>,
+}
+
+/// An immutable snapshot of the pool.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    tools: BTreeMap<String, Arc<Tool>>,
+    groups: BTreeMap<String, GroupStatus>,
+}
+
+impl Catalog {
+    pub fn new(tools: Vec<Arc<Tool>>, groups: Vec<GroupStatus>) -> Self {
+        Self {
+            tools: tools
+                .into_iter()
+                .map(|t| (t.name.as_str().to_owned(), t))
+                .collect(),
+            groups: groups.into_iter().map(|g| (g.folder.clone(), g)).collect(),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<Tool>> {
+        self.tools.get(name)
+    }
+
+    /// Every tool, ordered by name.
+    pub fn tools(&self) -> impl Iterator<Item = &Arc<Tool>> {
+        self.tools.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// Group statuses, ordered by folder.
+    pub fn groups(&self) -> impl Iterator<Item = &GroupStatus> {
+        self.groups.values()
+    }
+
+    /// The names of the groups that serve tools, for suggestions and grant checks.
+    pub fn group_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.tools.values().map(|t| t.group.clone()).collect();
+        names.dedup();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    pub fn load_errors(&self) -> Vec<LoadError> {
+        self.groups.values().filter_map(|g| g.error.clone()).collect()
+    }
+}

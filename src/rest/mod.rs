@@ -1,0 +1,265 @@
+//! The REST surface: each operation at `/tools/<group><path>` with its own method, and the
+//! merged OpenAPI document of what the caller may use at `GET /openapi.json`.
+
+use std::collections::BTreeMap;
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::{Extension, Json, Router};
+use serde_json::{Map, Value, json};
+
+use crate::app::AppState;
+use crate::calls::{self, CallRefused, Surface};
+use crate::policy::snapshot::Principal;
+use crate::pool::runner::ScriptOutcome;
+use crate::pool::{Catalog, Tool};
+
+/// Largest request body accepted by a REST tool endpoint.
+const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+pub fn router(state: AppState) -> Router<AppState> {
+    Router::new()
+        .route("/tools/{*path}", any(call_operation))
+        .route("/openapi.json", get(openapi))
+        .layer(axum::middleware::from_fn_with_state(state, crate::http::require_agent))
+}
+
+fn problem(status: StatusCode, body: Value) -> Response {
+    (status, Json(body)).into_response()
+}
+
+fn not_found() -> Response {
+    problem(StatusCode::NOT_FOUND, json!({"error": "unknown tool"}))
+}
+
+/// Finds the operation a method and path address, with the path parameters it binds.
+fn route<'c>(catalog: &'c Catalog, method: &Method, path: &str) -> Option<(&'c std::sync::Arc<Tool>, Map<String, Value>)> {
+    let rest = path.strip_prefix("/tools/")?;
+    let (group, op_path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    catalog.tools().filter(|t| t.group == group).find_map(|t| {
+        let binding = t.http.as_ref()?;
+        if binding.method != *method {
+            return None;
+        }
+        match_template(&binding.path, op_path).map(|params| (t, params))
+    })
+}
+
+/// Matches `/notes/{name}` against `/notes/abc`, binding `name`.
+fn match_template(template: &str, path: &str) -> Option<Map<String, Value>> {
+    let t: Vec<&str> = template.trim_end_matches('/').split('/').collect();
+    let p: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    if t.len() != p.len() {
+        return None;
+    }
+    let mut params = Map::new();
+    for (ts, ps) in t.iter().zip(&p) {
+        if let Some(name) = ts.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+            let value = percent_decode(ps)?;
+            if value.is_empty() {
+                return None;
+            }
+            params.insert(name.to_owned(), Value::String(value));
+        } else if ts != ps {
+            return None;
+        }
+    }
+    Some(params)
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    url::form_urlencoded::parse(format!("v={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+}
+
+/// Turns a string from a path or query into the JSON type the schema asks for; a value that
+/// does not convert stays a string and fails validation with a precise message.
+fn coerce(schema: Option<&Value>, raw: String) -> Value {
+    let ty = schema.and_then(|s| s.get("type"));
+    let wants = |t: &str| match ty {
+        Some(Value::String(s)) => s == t,
+        Some(Value::Array(a)) => a.iter().any(|v| v == t),
+        _ => false,
+    };
+    if wants("integer")
+        && let Ok(i) = raw.parse::<i64>()
+    {
+        return json!(i);
+    }
+    if wants("number")
+        && let Ok(f) = raw.parse::<f64>()
+        && let Some(n) = serde_json::Number::from_f64(f)
+    {
+        return Value::Number(n);
+    }
+    if wants("boolean") {
+        match raw.as_str() {
+            "true" => return json!(true),
+            "false" => return json!(false),
+            _ => {}
+        }
+    }
+    Value::String(raw)
+}
+
+async fn call_operation(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    req: Request,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let snapshot = state.policy.load();
+    let Some((tool, path_params)) = route(&snapshot.catalog, &parts.method, parts.uri.path()) else {
+        return not_found();
+    };
+    let tool = tool.clone();
+    drop(snapshot);
+    let Some(binding) = tool.http.as_ref() else { return not_found() };
+    let props = tool.input_schema.get("properties").and_then(Value::as_object);
+    let mut args = Map::new();
+    let mut twice = Vec::new();
+    for (k, v) in path_params {
+        let v = coerce(props.and_then(|p| p.get(&k)), v.as_str().unwrap_or_default().to_owned());
+        args.insert(k, v);
+    }
+    if let Some(q) = parts.uri.query() {
+        let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (k, v) in url::form_urlencoded::parse(q.as_bytes()) {
+            seen.entry(k.into_owned()).or_default().push(v.into_owned());
+        }
+        for (k, mut values) in seen {
+            let schema = props.and_then(|p| p.get(&k));
+            let value = if values.len() == 1 {
+                coerce(schema, values.remove(0))
+            } else {
+                let items = schema.and_then(|s| s.get("items"));
+                Value::Array(values.into_iter().map(|v| coerce(items, v)).collect())
+            };
+            if args.insert(k.clone(), value).is_some() {
+                twice.push(k);
+            }
+        }
+    }
+    let bytes: Bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(_) => return problem(StatusCode::PAYLOAD_TOO_LARGE, json!({"error": format!("request body exceeds {MAX_BODY_BYTES} bytes")})),
+    };
+    if !bytes.iter().all(u8::is_ascii_whitespace) {
+        if binding.body_params.is_empty() && !matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
+            return problem(StatusCode::BAD_REQUEST, json!({"error": "this operation takes no request body"}));
+        }
+        let is_json = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_none_or(|ct| ct.starts_with("application/json"));
+        if !is_json {
+            return problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, json!({"error": "the request body must be application/json"}));
+        }
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Value::Object(body)) => {
+                for (k, v) in body {
+                    if args.insert(k.clone(), v).is_some() {
+                        twice.push(k);
+                    }
+                }
+            }
+            Ok(_) => return problem(StatusCode::BAD_REQUEST, json!({"error": "the request body must be a JSON object"})),
+            Err(e) => return problem(StatusCode::BAD_REQUEST, json!({"error": format!("the request body is not valid JSON: {e}")})),
+        }
+    }
+    if !twice.is_empty() {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            json!({"error": "invalid arguments", "violations": twice.iter().map(|k| format!("`{k}` is given more than once")).collect::<Vec<_>>()}),
+        );
+    }
+    match calls::call(&state, &principal, tool.name.as_str(), Value::Object(args), Surface::Rest).await {
+        Err(CallRefused::UnknownTool(_)) => not_found(),
+        Err(CallRefused::InvalidArguments { violations, .. }) => {
+            problem(StatusCode::BAD_REQUEST, json!({"error": "invalid arguments", "violations": violations}))
+        }
+        Ok(done) => outcome_response(done.outcome),
+    }
+}
+
+fn outcome_response(outcome: ScriptOutcome) -> Response {
+    let message = outcome.error_message().unwrap_or_default();
+    match outcome {
+        ScriptOutcome::Success { output, .. } => (StatusCode::OK, Json(output)).into_response(),
+        ScriptOutcome::Failed { exit_code, stderr } => problem(
+            StatusCode::BAD_GATEWAY,
+            json!({"error": "the tool failed", "exit_code": exit_code, "stderr": stderr}),
+        ),
+        ScriptOutcome::InvalidOutput { reason, stderr } => problem(
+            StatusCode::BAD_GATEWAY,
+            json!({"error": format!("the tool printed invalid output: {reason}"), "exit_code": 0, "stderr": stderr}),
+        ),
+        ScriptOutcome::OutputTooLarge { .. } | ScriptOutcome::SpawnFailed { .. } => {
+            problem(StatusCode::BAD_GATEWAY, json!({"error": message, "exit_code": null, "stderr": ""}))
+        }
+        ScriptOutcome::Timeout { .. } => problem(StatusCode::GATEWAY_TIMEOUT, json!({"error": message})),
+        ScriptOutcome::Busy => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            Json(json!({"error": message})),
+        )
+            .into_response(),
+    }
+}
+
+/// The merged OpenAPI document of the operations the caller may use.
+async fn openapi(State(state): State<AppState>, Extension(principal): Extension<Principal>) -> Response {
+    let snapshot = state.policy.load();
+    let mut paths: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
+    for tool in snapshot.visible(&principal) {
+        let Some(binding) = &tool.http else { continue };
+        let mut op = binding.operation.clone();
+        if let Value::Object(o) = &mut op {
+            o.retain(|k, _| !k.starts_with("x-toolgate-"));
+            o.insert("operationId".into(), json!(tool.name.as_str()));
+            o.insert("tags".into(), json!([tool.group]));
+        }
+        paths
+            .entry(format!("/tools/{}{}", tool.group, binding.path))
+            .or_default()
+            .insert(binding.method.as_str().to_lowercase(), op);
+    }
+    Json(json!({
+        "openapi": "3.1.0",
+        "info": {"title": "toolgate", "version": env!("CARGO_PKG_VERSION"), "description": "The tools this caller may use."},
+        "servers": [{"url": state.settings.issuer}],
+        "security": [{"bearer": []}],
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}},
+        "paths": paths,
+    }))
+    .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_bind_path_parameters() {
+        let p = match_template("/notes/{name}", "/notes/deploy%20runbook.md").unwrap();
+        assert_eq!(p["name"], json!("deploy runbook.md"));
+        assert!(match_template("/notes/{name}", "/notes").is_none());
+        assert!(match_template("/notes/{name}", "/other/x").is_none());
+    }
+
+    #[test]
+    fn query_strings_take_the_schema_type() {
+        assert_eq!(coerce(Some(&json!({"type": "integer"})), "3".into()), json!(3));
+        assert_eq!(coerce(Some(&json!({"type": "integer"})), "x".into()), json!("x"));
+        assert_eq!(coerce(Some(&json!({"type": "boolean"})), "true".into()), json!(true));
+        assert_eq!(coerce(None, "3".into()), json!("3"));
+    }
+}

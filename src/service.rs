@@ -1,0 +1,212 @@
+//! Control-plane operations, shared by the JSON API, the admin UI and the command line.
+//!
+//! Each one runs in a transaction, records the change, and refreshes this instance's snapshot
+//! before returning, so that the caller's next request already sees it; other instances
+//! follow on Postgres NOTIFY.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::app::AppState;
+use crate::auth::secrets;
+use crate::db;
+use crate::db::policy::AgentSettings;
+use crate::policy::GrantTarget;
+use crate::policy::snapshot::{Discovery, GrantMatch, PolicySnapshot, RateLimitRecord};
+
+/// Why a control-plane operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+pub type Result<T, E = ServiceError> = std::result::Result<T, E>;
+
+async fn refresh(state: &AppState) {
+    if let Err(e) = state.reload_policy().await {
+        tracing::warn!(error = %e, "refreshing the policy snapshot failed; NOTIFY will catch up");
+    }
+}
+
+fn valid_agent_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > 64 || !name.chars().all(crate::pool::is_name_char) {
+        return Err(ServiceError::Invalid(format!(
+            "agent name `{name}` must be 1-64 letters, digits, `_`, `.` or `-`"
+        )));
+    }
+    Ok(())
+}
+
+/// An agent as the API and the UI show it.
+#[derive(Debug, Serialize)]
+pub struct AgentSummary {
+    pub name: String,
+    pub description: String,
+    pub discovery: Discovery,
+    pub pinned: Vec<String>,
+    pub grants: Vec<GrantMatch>,
+    pub visible_tools: usize,
+    /// Grants match nothing at all: this agent sees no tools.
+    pub sees_nothing: bool,
+    pub zero_match_grants: usize,
+    pub rate_limits: Vec<RateLimitRecord>,
+}
+
+pub fn agent_summaries(snapshot: &PolicySnapshot) -> Vec<AgentSummary> {
+    snapshot
+        .agents()
+        .into_iter()
+        .map(|a| AgentSummary {
+            name: a.record.name.clone(),
+            description: a.record.description.clone(),
+            discovery: a.record.discovery,
+            pinned: a.record.pinned.clone(),
+            grants: a.grant_matches.clone(),
+            visible_tools: a.visible.len(),
+            sees_nothing: a.visible.is_empty(),
+            zero_match_grants: a.zero_match_grants().count(),
+            rate_limits: a.record.limits.clone(),
+        })
+        .collect()
+}
+
+pub async fn create_agent(state: &AppState, actor: &str, name: &str, description: &str, discovery: Option<&str>) -> Result<()> {
+    valid_agent_name(name)?;
+    let discovery = match discovery {
+        None => Discovery::Full,
+        Some(d) => Discovery::parse(d).ok_or_else(|| ServiceError::Invalid(format!("discovery must be full, search or auto, not `{d}`")))?,
+    };
+    let mut tx = state.db.begin().await?;
+    if db::policy::agent_id(&mut tx, name).await?.is_some() {
+        return Err(ServiceError::Conflict(format!("agent `{name}` already exists")));
+    }
+    let settings = AgentSettings { description: description.to_owned(), notes: String::new(), discovery, pinned: Vec::new() };
+    db::policy::create_agent(&mut tx, actor, name, &settings).await?;
+    tx.commit().await?;
+    refresh(state).await;
+    Ok(())
+}
+
+pub async fn delete_agent(state: &AppState, actor: &str, name: &str) -> Result<()> {
+    let mut tx = state.db.begin().await?;
+    if !db::policy::delete_agent(&mut tx, actor, name).await? {
+        return Err(ServiceError::NotFound(format!("agent `{name}`")));
+    }
+    tx.commit().await?;
+    refresh(state).await;
+    Ok(())
+}
+
+/// What adding a grant did, with the zero-match warning when it matches nothing.
+#[derive(Debug, Serialize)]
+pub struct GrantAdded {
+    pub agent: String,
+    pub target: String,
+    pub matched_tools: usize,
+    pub suggestions: Vec<String>,
+    pub warning: Option<String>,
+}
+
+/// Which tools a grant would match, before saving it (the grant editor's preview).
+pub fn preview_grant(snapshot: &PolicySnapshot, target: &str) -> Result<(Vec<String>, Vec<String>)> {
+    let parsed = GrantTarget::parse(target).map_err(ServiceError::Invalid)?;
+    let matched: Vec<String> = parsed.matched(&snapshot.catalog).iter().map(|n| n.as_str().to_owned()).collect();
+    let suggestions = if matched.is_empty() { crate::policy::suggestions(target, &snapshot.catalog) } else { Vec::new() };
+    Ok((matched, suggestions))
+}
+
+pub async fn add_grant(state: &AppState, actor: &str, agent: &str, target: &str) -> Result<GrantAdded> {
+    let target = target.trim();
+    GrantTarget::parse(target).map_err(ServiceError::Invalid)?;
+    let mut tx = state.db.begin().await?;
+    if db::policy::agent_id(&mut tx, agent).await?.is_none() {
+        return Err(ServiceError::NotFound(format!("agent `{agent}`")));
+    }
+    if db::policy::add_grant(&mut tx, actor, agent, target).await?.is_none() {
+        return Err(ServiceError::Conflict(format!("agent `{agent}` already has the grant `{target}`")));
+    }
+    tx.commit().await?;
+    refresh(state).await;
+    let (matched, suggestions) = preview_grant(&state.policy.load(), target)?;
+    let warning = matched.is_empty().then(|| {
+        let hint = suggestions.first().map(|s| format!(" Did you mean `{s}`?")).unwrap_or_default();
+        format!("the grant `{target}` matches no tool.{hint}")
+    });
+    Ok(GrantAdded { agent: agent.to_owned(), target: target.to_owned(), matched_tools: matched.len(), suggestions, warning })
+}
+
+pub async fn remove_grant(state: &AppState, actor: &str, agent: &str, target: &str) -> Result<()> {
+    let mut tx = state.db.begin().await?;
+    if !db::policy::remove_grant(&mut tx, actor, agent, target).await? {
+        return Err(ServiceError::NotFound(format!("grant `{target}` of agent `{agent}`")));
+    }
+    tx.commit().await?;
+    refresh(state).await;
+    Ok(())
+}
+
+/// A client's credentials, shown once.
+#[derive(Debug, Serialize)]
+pub struct NewClient {
+    pub client_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_secret: Option<String>,
+    pub agent: String,
+}
+
+/// Creates an OAuth client: with a secret, or with public keys for private_key_jwt.
+pub async fn create_client(pool: &sqlx::PgPool, actor: &str, agent: &str, description: &str, jwks: Option<Value>) -> Result<NewClient> {
+    if let Some(j) = &jwks {
+        serde_json::from_value::<jsonwebtoken::jwk::JwkSet>(j.clone())
+            .map_err(|e| ServiceError::Invalid(format!("jwks is not a JWK set: {e}")))?;
+    }
+    let (client_id, secret) = secrets::new_client_credentials();
+    let secret = if jwks.is_some() { None } else { Some(secret) };
+    let hash = match &secret {
+        Some(s) => {
+            let s = s.clone();
+            Some(tokio::task::spawn_blocking(move || secrets::hash(&s)).await.map_err(anyhow::Error::from)??)
+        }
+        None => None,
+    };
+    let mut tx = pool.begin().await?;
+    if !db::policy::create_client(&mut tx, actor, agent, &client_id, hash.as_deref(), jwks.as_ref(), description).await? {
+        return Err(ServiceError::NotFound(format!("agent `{agent}`")));
+    }
+    tx.commit().await?;
+    Ok(NewClient { client_id, client_secret: secret, agent: agent.to_owned() })
+}
+
+pub async fn create_client_live(state: &AppState, actor: &str, agent: &str, description: &str, jwks: Option<Value>) -> Result<NewClient> {
+    let c = create_client(&state.db, actor, agent, description, jwks).await?;
+    refresh(state).await;
+    Ok(c)
+}
+
+pub async fn delete_client(state: &AppState, actor: &str, client_id: &str) -> Result<()> {
+    let mut tx = state.db.begin().await?;
+    if !db::policy::delete_client(&mut tx, actor, client_id).await? {
+        return Err(ServiceError::NotFound(format!("client `{client_id}`")));
+    }
+    tx.commit().await?;
+    refresh(state).await;
+    Ok(())
+}
+
+/// Revokes a token by `jti` (admin action); the revocation lasts until `expires_at`.
+pub async fn revoke_jti(state: &AppState, actor: &str, jti: uuid::Uuid, expires_at: chrono::DateTime<chrono::Utc>) -> Result<()> {
+    let mut tx = state.db.begin().await?;
+    db::policy::revoke(&mut tx, actor, jti, expires_at).await?;
+    tx.commit().await?;
+    refresh(state).await;
+    Ok(())
+}
