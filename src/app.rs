@@ -188,7 +188,7 @@ pub fn spawn_policy_listener(state: AppState) {
                             match listener.recv().await {
                                 Ok(_) => {
                                     // Coalesce a burst of notifications into one reload.
-                                    while let Ok(Some(_)) = listener.try_recv().await {}
+                                    while listener.next_buffered().is_some() {}
                                     if let Err(e) = state.reload_policy().await {
                                         tracing::warn!(error = %e, "policy reload failed");
                                     }

@@ -43,7 +43,7 @@ pub fn router() -> Router<AppState> {
 pub async fn ensure_signing_key(pool: &PgPool) -> anyhow::Result<()> {
     let mut tx = pool.begin().await?;
     // Two instances starting on an empty database must not both create a key.
-    sqlx::query("SELECT pg_advisory_xact_lock(7_470_111)").execute(&mut *tx).await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(7470111)").execute(&mut *tx).await?;
     if !db::policy::has_signing_key(&mut tx).await? {
         let key = keys::generate()?;
         db::policy::insert_signing_key(&mut tx, "toolgate", &key.kid, &key.private_pkcs8, &key.public_key).await?;

@@ -453,7 +453,7 @@ pub async fn apply_dir(pool: &PgPool, dir: &Path, catalog: &Catalog, actor: &str
     }
     let mut tx = pool.begin().await?;
     // One apply at a time; a concurrent one would compute its diff from a stale read.
-    sqlx::query("SELECT pg_advisory_xact_lock(7_470_112)").execute(&mut *tx).await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(7470112)").execute(&mut *tx).await?;
     let state = db::policy::load_state(pool).await?;
     let groups = db::policy::groups(&mut tx).await?;
     let changes = plan(&policies, &state.agents, &groups);

@@ -41,6 +41,8 @@ const MAX_TIMEOUT_MS: u64 = 3_600_000;
 /// (a bad edit must not take working tools offline), and its error is reported. A folder that
 /// disappears takes its tools with it.
 pub fn load_pool(dir: &Path, previous: Option<&Catalog>, settings: &LoaderSettings) -> Catalog {
+    // Scripts run with their folder as working directory, so their paths must be absolute.
+    let dir = &std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let mut folders: Vec<PathBuf> = match std::fs::read_dir(dir) {
         Ok(entries) => entries
             .filter_map(Result::ok)
