@@ -39,14 +39,21 @@ pub struct Settings {
 impl Settings {
     pub fn from_args(args: &ServeArgs) -> anyhow::Result<Self> {
         if args.dev_agent.is_some() && !args.bind.ip().is_loopback() {
-            anyhow::bail!("--dev-agent treats unauthenticated requests as an agent; it is refused on a non-loopback bind ({})", args.bind);
+            anyhow::bail!(
+                "--dev-agent treats unauthenticated requests as an agent; it is refused on a non-loopback bind ({})",
+                args.bind
+            );
         }
         let public = match &args.public_url {
             Some(u) => u.clone(),
             None => url::Url::parse(&format!("http://{}", args.bind))?,
         };
         let issuer = public.as_str().trim_end_matches('/').to_owned();
-        let mut allowed_hosts = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
+        let mut allowed_hosts = vec![
+            "localhost".to_owned(),
+            "127.0.0.1".to_owned(),
+            "::1".to_owned(),
+        ];
         if let Some(host) = public.host_str() {
             allowed_hosts.push(host.to_owned());
         }
@@ -67,7 +74,10 @@ impl Settings {
                 default_timeout: Duration::from_millis(args.script_timeout_ms.max(1)),
                 max_concurrency_per_tool: args.max_concurrency_per_tool.max(1),
             },
-            output: OutputLimits { max_stdout: args.max_stdout_bytes.max(1024), ..OutputLimits::default() },
+            output: OutputLimits {
+                max_stdout: args.max_stdout_bytes.max(1024),
+                ..OutputLimits::default()
+            },
             instance: format!("{}:{}", hostname(), std::process::id()),
         })
     }
@@ -121,13 +131,19 @@ impl AppState {
     pub fn reload_pool(&self) -> usize {
         let _guard = self.reload_lock.lock().unwrap_or_else(|p| p.into_inner());
         let previous = self.policy.catalog();
-        let catalog = Arc::new(load_pool(&self.settings.tools_dir, Some(&previous), &self.settings.loader));
+        let catalog = Arc::new(load_pool(
+            &self.settings.tools_dir,
+            Some(&previous),
+            &self.settings.loader,
+        ));
         let n = catalog.len();
         self.policy.set_catalog(catalog.clone());
         self.refresh_gauges();
         let state = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = db::catalog::sync(&state.db, &catalog, &state.settings.instance_origin()).await {
+            if let Err(e) =
+                db::catalog::sync(&state.db, &catalog, &state.settings.instance_origin()).await
+            {
                 tracing::warn!(error = %e, "writing the catalog to the database failed");
             }
         });
@@ -145,9 +161,15 @@ impl AppState {
     fn refresh_gauges(&self) {
         let snap = self.policy.load();
         self.metrics.pool_tools.set(snap.catalog.len() as i64);
-        self.metrics.pool_load_errors.set(snap.catalog.load_errors().len() as i64);
-        self.metrics.zero_match_grants.set(snap.zero_match_grant_count() as i64);
-        self.metrics.agents_without_tools.set(snap.agents_without_tools() as i64);
+        self.metrics
+            .pool_load_errors
+            .set(snap.catalog.load_errors().len() as i64);
+        self.metrics
+            .zero_match_grants
+            .set(snap.zero_match_grant_count() as i64);
+        self.metrics
+            .agents_without_tools
+            .set(snap.agents_without_tools() as i64);
     }
 }
 
@@ -166,7 +188,10 @@ pub fn router(state: AppState) -> Router {
         .nest("/api/v1", api::router(state.clone()))
         .merge(rest::router(state.clone()))
         .merge(mcp::router(state.clone()))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), http::observe))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            http::observe,
+        ))
         .layer(http::request_id_layers())
         .with_state(state)
 }
@@ -219,9 +244,23 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     crate::oauth::ensure_signing_key(&pool).await?;
     if db::policy::is_empty(&pool).await? && args.policies_dir.is_dir() {
         let catalog = load_pool(&settings.tools_dir, None, &settings.loader);
-        match crate::policy::files::apply_dir(&pool, &args.policies_dir, &catalog, "toolgate serve (first start)", false, false).await {
-            Ok(report) => tracing::info!(changes = report.changes.len(), "applied the policies folder to the empty database"),
-            Err(e) => tracing::warn!(error = %e, "could not apply the policies folder on first start"),
+        match crate::policy::files::apply_dir(
+            &pool,
+            &args.policies_dir,
+            &catalog,
+            "toolgate serve (first start)",
+            false,
+            false,
+        )
+        .await
+        {
+            Ok(report) => tracing::info!(
+                changes = report.changes.len(),
+                "applied the policies folder to the empty database"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not apply the policies folder on first start")
+            }
         }
     }
     let state = AppState::new(settings.clone(), pool);
@@ -232,12 +271,18 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let _watcher = {
         let state = state.clone();
         let handle = tokio::runtime::Handle::current();
-        crate::pool::watcher::spawn(settings.tools_dir.clone(), Duration::from_millis(250), move || {
-            let _enter = handle.enter();
-            let n = state.reload_pool();
-            tracing::info!(tools = n, "tool pool reloaded");
-        })
-        .map_err(|e| tracing::warn!(error = %e, "cannot watch the tools directory; hot reload is off"))
+        crate::pool::watcher::spawn(
+            settings.tools_dir.clone(),
+            Duration::from_millis(250),
+            move || {
+                let _enter = handle.enter();
+                let n = state.reload_pool();
+                tracing::info!(tools = n, "tool pool reloaded");
+            },
+        )
+        .map_err(
+            |e| tracing::warn!(error = %e, "cannot watch the tools directory; hot reload is off"),
+        )
         .ok()
     };
     {
@@ -252,9 +297,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let listener = TcpListener::bind(args.bind).await?;
     tracing::info!(addr = %listener.local_addr()?, issuer = %settings.issuer, "toolgate listening");
-    axum::serve(listener, router(state).into_make_service_with_connect_info::<std::net::SocketAddr>())
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    axum::serve(
+        listener,
+        router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await?;
     tracing::info!("toolgate stopped");
     Ok(())
 }

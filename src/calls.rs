@@ -35,7 +35,10 @@ pub enum CallRefused {
     /// Unknown, or not granted to the caller: the two are indistinguishable on purpose.
     UnknownTool(String),
     /// The arguments violate the tool's input schema; one line per violation.
-    InvalidArguments { tool: Arc<Tool>, violations: Vec<String> },
+    InvalidArguments {
+        tool: Arc<Tool>,
+        violations: Vec<String>,
+    },
 }
 
 /// A call that reached the tool.
@@ -57,7 +60,11 @@ pub async fn call(
     let started = Instant::now();
     let snapshot = state.policy.load();
     let Some(tool) = snapshot.resolve(principal, name) else {
-        state.metrics.tool_calls.with_label_values(&[surface.as_str(), "unknown_tool"]).inc();
+        state
+            .metrics
+            .tool_calls
+            .with_label_values(&[surface.as_str(), "unknown_tool"])
+            .inc();
         return Err(CallRefused::UnknownTool(name.to_owned()));
     };
     drop(snapshot);
@@ -67,13 +74,21 @@ pub async fn call(
         vec!["arguments must be a JSON object".to_owned()]
     };
     if !violations.is_empty() {
-        state.metrics.tool_calls.with_label_values(&[surface.as_str(), "invalid_arguments"]).inc();
+        state
+            .metrics
+            .tool_calls
+            .with_label_values(&[surface.as_str(), "invalid_arguments"])
+            .inc();
         return Err(CallRefused::InvalidArguments { tool, violations });
     }
     let outcome = match &tool.exec {
         Execution::Script(spec) => runner::run(spec, &args, &state.settings.output).await,
     };
-    state.metrics.tool_calls.with_label_values(&[surface.as_str(), outcome.label()]).inc();
+    state
+        .metrics
+        .tool_calls
+        .with_label_values(&[surface.as_str(), outcome.label()])
+        .inc();
     tracing::info!(
         agent = %principal.agent,
         tool = %tool.name,
@@ -82,5 +97,9 @@ pub async fn call(
         latency_ms = started.elapsed().as_millis() as u64,
         "tool call"
     );
-    Ok(CallDone { tool, outcome, latency: started.elapsed() })
+    Ok(CallDone {
+        tool,
+        outcome,
+        latency: started.elapsed(),
+    })
 }

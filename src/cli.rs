@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use crate::config::{ClientCommand, Cli, Command, KeysCommand, PolicyArgs, PolicyCommand};
+use crate::config::{Cli, ClientCommand, Command, KeysCommand, PolicyArgs, PolicyCommand};
 use crate::pool::loader::{LoaderSettings, load_pool};
 use crate::{app, db, oauth, policy, service, telemetry};
 
@@ -31,7 +31,9 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Policy { command } => policy_command(command).await,
         Command::Client { command } => client_command(command).await,
-        Command::Keys { command: KeysCommand::Rotate { db: db_args } } => {
+        Command::Keys {
+            command: KeysCommand::Rotate { db: db_args },
+        } => {
             let pool = db::connect(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
             let kid = oauth::rotate_key(&pool, "cli").await?;
@@ -52,7 +54,11 @@ async fn policy_command(command: PolicyCommand) -> anyhow::Result<ExitCode> {
             let (policies, mut problems) = policy::files::read_dir(&args.dir);
             problems.extend(policy::files::check(&policies, &catalog));
             if problems.is_empty() {
-                println!("{}: {} agent(s), every grant matches at least one tool", args.dir.display(), policies.agents.len());
+                println!(
+                    "{}: {} agent(s), every grant matches at least one tool",
+                    args.dir.display(),
+                    policies.agents.len()
+                );
                 Ok(ExitCode::SUCCESS)
             } else {
                 for p in &problems {
@@ -77,7 +83,15 @@ async fn apply(args: PolicyArgs) -> anyhow::Result<ExitCode> {
     let pool = db::connect(&args.db.database_url, 2).await?;
     db::migrate(&pool, &args.db.database_url).await?;
     let catalog = load_pool(&args.tools_dir, None, &LoaderSettings::default());
-    let report = policy::files::apply_dir(&pool, &args.dir, &catalog, "cli:policy-apply", args.dry_run, args.strict).await?;
+    let report = policy::files::apply_dir(
+        &pool,
+        &args.dir,
+        &catalog,
+        "cli:policy-apply",
+        args.dry_run,
+        args.strict,
+    )
+    .await?;
     for w in &report.warnings {
         eprintln!("warning: {w}");
     }
@@ -95,7 +109,12 @@ async fn apply(args: PolicyArgs) -> anyhow::Result<ExitCode> {
 
 async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {
     match command {
-        ClientCommand::Create { db: db_args, agent, description, jwks_file } => {
+        ClientCommand::Create {
+            db: db_args,
+            agent,
+            description,
+            jwks_file,
+        } => {
             let pool = db::connect(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
             let jwks = match jwks_file {
@@ -112,7 +131,10 @@ async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&clients)?);
             Ok(ExitCode::SUCCESS)
         }
-        ClientCommand::Delete { db: db_args, client_id } => {
+        ClientCommand::Delete {
+            db: db_args,
+            client_id,
+        } => {
             let pool = db::connect(&db_args.database_url, 2).await?;
             let mut tx = pool.begin().await?;
             let existed = db::policy::delete_client(&mut tx, "cli", &client_id).await?;

@@ -6,12 +6,21 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(name = "toolgate", version, about = "Serve tools to AI agents, each agent only its share")]
+#[command(
+    name = "toolgate",
+    version,
+    about = "Serve tools to AI agents, each agent only its share"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
     /// Log format.
-    #[arg(long, global = true, env = "TOOLGATE_LOG_FORMAT", default_value = "text")]
+    #[arg(
+        long,
+        global = true,
+        env = "TOOLGATE_LOG_FORMAT",
+        default_value = "text"
+    )]
     pub log_format: LogFormat,
 }
 
@@ -47,7 +56,11 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub struct DbArgs {
     /// PostgreSQL URL; the database is created if it does not exist.
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://localhost/toolgate")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://localhost/toolgate"
+    )]
     pub database_url: String,
 }
 
@@ -68,10 +81,18 @@ pub struct ServeArgs {
     #[arg(long, env = "TOOLGATE_PUBLIC_URL")]
     pub public_url: Option<url::Url>,
     /// Extra `Host` values accepted on /mcp (the public URL's host is always accepted).
-    #[arg(long = "allowed-host", env = "TOOLGATE_ALLOWED_HOSTS", value_delimiter = ',')]
+    #[arg(
+        long = "allowed-host",
+        env = "TOOLGATE_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
     pub allowed_hosts: Vec<String>,
     /// Browser origins allowed on /mcp; requests with any other `Origin` get 403.
-    #[arg(long = "allowed-origin", env = "TOOLGATE_ALLOWED_ORIGINS", value_delimiter = ',')]
+    #[arg(
+        long = "allowed-origin",
+        env = "TOOLGATE_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
     pub allowed_origins: Vec<String>,
     /// Treat unauthenticated requests as this agent (local development only; loopback binds only).
     #[arg(long, env = "TOOLGATE_DEV_AGENT")]

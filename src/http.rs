@@ -18,7 +18,8 @@ use crate::policy::snapshot::Principal;
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Sets `x-request-id` on every request that lacks one and echoes it on the response.
-pub fn request_id_layers() -> tower::layer::util::Stack<PropagateRequestIdLayer, SetRequestIdLayer<MakeRequestUuid>> {
+pub fn request_id_layers()
+-> tower::layer::util::Stack<PropagateRequestIdLayer, SetRequestIdLayer<MakeRequestUuid>> {
     // Stack::new(inner, outer): the id is set first, then propagated to the response.
     tower::layer::util::Stack::new(
         PropagateRequestIdLayer::new(REQUEST_ID),
@@ -82,8 +83,13 @@ pub fn ops_router() -> Router<AppState> {
 async fn readyz(State(state): State<AppState>) -> Response {
     let db_ok = sqlx::query("SELECT 1").execute(&state.db).await.is_ok();
     let snapshot = state.policy.load();
-    let pool_loaded = !snapshot.catalog.groups().collect::<Vec<_>>().is_empty() || state.settings.tools_dir.is_dir();
-    let status = if db_ok && pool_loaded { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let pool_loaded = !snapshot.catalog.groups().collect::<Vec<_>>().is_empty()
+        || state.settings.tools_dir.is_dir();
+    let status = if db_ok && pool_loaded {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     (
         status,
         Json(json!({
@@ -96,7 +102,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     (
-        [(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
         state.metrics.render(),
     )
         .into_response()
@@ -116,17 +125,33 @@ pub fn bearer_challenge(state: &AppState, error: Option<&str>) -> String {
 
 /// Resource-server guard for `/mcp`, `/tools/...` and `/openapi.json`: a valid access token
 /// (or, in local development only, the dev agent) becomes a [`Principal`] in the request.
-pub async fn require_agent(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let header = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+pub async fn require_agent(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
     let result = match header {
         None => match &state.settings.dev_agent {
             Some(agent) => Ok(dev_principal(&state, agent)),
             None => Err(TokenError::Missing),
         },
-        Some(h) => match h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")) {
+        Some(h) => match h
+            .strip_prefix("Bearer ")
+            .or_else(|| h.strip_prefix("bearer "))
+        {
             Some(tok) => {
                 let snapshot = state.policy.load();
-                token::verify(tok.trim(), &snapshot, &state.settings.issuer, &state.settings.audience).map(|(p, _)| p)
+                token::verify(
+                    tok.trim(),
+                    &snapshot,
+                    &state.settings.issuer,
+                    &state.settings.audience,
+                )
+                .map(|(p, _)| p)
             }
             None => Err(TokenError::Malformed("not a bearer token".into())),
         },
@@ -138,7 +163,11 @@ pub async fn require_agent(State(state): State<AppState>, mut req: Request, next
         }
         Err(e) => {
             tracing::debug!(reason = %e, "request refused: invalid token");
-            let error = if e == TokenError::Missing { None } else { Some("invalid_token") };
+            let error = if e == TokenError::Missing {
+                None
+            } else {
+                Some("invalid_token")
+            };
             (
                 StatusCode::UNAUTHORIZED,
                 [(header::WWW_AUTHENTICATE, bearer_challenge(&state, error))],
@@ -152,6 +181,14 @@ pub async fn require_agent(State(state): State<AppState>, mut req: Request, next
 /// The dev agent holds a token-equivalent of all its live grants.
 fn dev_principal(state: &AppState, agent: &str) -> Principal {
     let snapshot = state.policy.load();
-    let prefixes = snapshot.agent(agent).map(|a| a.grants.clone()).unwrap_or_default();
-    Principal { agent: agent.to_owned(), client_id: "dev-agent".to_owned(), jti: None, prefixes }
+    let prefixes = snapshot
+        .agent(agent)
+        .map(|a| a.grants.clone())
+        .unwrap_or_default();
+    Principal {
+        agent: agent.to_owned(),
+        client_id: "dev-agent".to_owned(),
+        jti: None,
+        prefixes,
+    }
 }

@@ -25,8 +25,14 @@ impl Metrics {
         )
         .unwrap_or_else(|_| unreachable_metric());
         let http_latency = HistogramVec::new(
-            HistogramOpts::new("http_request_duration_seconds", "HTTP request latency by surface")
-                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+            HistogramOpts::new(
+                "http_request_duration_seconds",
+                "HTTP request latency by surface",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0,
+            ]),
             &["surface"],
         )
         .unwrap_or_else(|_| unreachable_metric());
@@ -35,13 +41,16 @@ impl Metrics {
             &["surface", "outcome"],
         )
         .unwrap_or_else(|_| unreachable_metric());
-        let pool_tools = IntGauge::new("pool_tools", "Tools in the pool").unwrap_or_else(|_| unreachable_metric());
-        let pool_load_errors =
-            IntGauge::new("pool_load_errors", "Tool groups whose last load failed").unwrap_or_else(|_| unreachable_metric());
-        let zero_match_grants =
-            IntGauge::new("zero_match_grants", "Grants that match no tool").unwrap_or_else(|_| unreachable_metric());
-        let agents_without_tools = IntGauge::new("agents_without_tools", "Agents whose grants match no tool")
+        let pool_tools = IntGauge::new("pool_tools", "Tools in the pool")
             .unwrap_or_else(|_| unreachable_metric());
+        let pool_load_errors =
+            IntGauge::new("pool_load_errors", "Tool groups whose last load failed")
+                .unwrap_or_else(|_| unreachable_metric());
+        let zero_match_grants = IntGauge::new("zero_match_grants", "Grants that match no tool")
+            .unwrap_or_else(|_| unreachable_metric());
+        let agents_without_tools =
+            IntGauge::new("agents_without_tools", "Agents whose grants match no tool")
+                .unwrap_or_else(|_| unreachable_metric());
         for c in [
             Box::new(http_requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(http_latency.clone()),
@@ -91,6 +100,9 @@ mod tests {
     fn metrics_render_in_text_format() {
         let m = super::Metrics::new();
         m.tool_calls.with_label_values(&["mcp", "success"]).inc();
-        assert!(m.render().contains("toolgate_tool_calls_total{outcome=\"success\",surface=\"mcp\"} 1"));
+        assert!(
+            m.render()
+                .contains("toolgate_tool_calls_total{outcome=\"success\",surface=\"mcp\"} 1")
+        );
     }
 }

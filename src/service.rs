@@ -79,17 +79,32 @@ pub fn agent_summaries(snapshot: &PolicySnapshot) -> Vec<AgentSummary> {
         .collect()
 }
 
-pub async fn create_agent(state: &AppState, actor: &str, name: &str, description: &str, discovery: Option<&str>) -> Result<()> {
+pub async fn create_agent(
+    state: &AppState,
+    actor: &str,
+    name: &str,
+    description: &str,
+    discovery: Option<&str>,
+) -> Result<()> {
     valid_agent_name(name)?;
     let discovery = match discovery {
         None => Discovery::Full,
-        Some(d) => Discovery::parse(d).ok_or_else(|| ServiceError::Invalid(format!("discovery must be full, search or auto, not `{d}`")))?,
+        Some(d) => Discovery::parse(d).ok_or_else(|| {
+            ServiceError::Invalid(format!("discovery must be full, search or auto, not `{d}`"))
+        })?,
     };
     let mut tx = state.db.begin().await?;
     if db::policy::agent_id(&mut tx, name).await?.is_some() {
-        return Err(ServiceError::Conflict(format!("agent `{name}` already exists")));
+        return Err(ServiceError::Conflict(format!(
+            "agent `{name}` already exists"
+        )));
     }
-    let settings = AgentSettings { description: description.to_owned(), notes: String::new(), discovery, pinned: Vec::new() };
+    let settings = AgentSettings {
+        description: description.to_owned(),
+        notes: String::new(),
+        discovery,
+        pinned: Vec::new(),
+    };
     db::policy::create_agent(&mut tx, actor, name, &settings).await?;
     tx.commit().await?;
     refresh(state).await;
@@ -117,37 +132,69 @@ pub struct GrantAdded {
 }
 
 /// Which tools a grant would match, before saving it (the grant editor's preview).
-pub fn preview_grant(snapshot: &PolicySnapshot, target: &str) -> Result<(Vec<String>, Vec<String>)> {
+pub fn preview_grant(
+    snapshot: &PolicySnapshot,
+    target: &str,
+) -> Result<(Vec<String>, Vec<String>)> {
     let parsed = GrantTarget::parse(target).map_err(ServiceError::Invalid)?;
-    let matched: Vec<String> = parsed.matched(&snapshot.catalog).iter().map(|n| n.as_str().to_owned()).collect();
-    let suggestions = if matched.is_empty() { crate::policy::suggestions(target, &snapshot.catalog) } else { Vec::new() };
+    let matched: Vec<String> = parsed
+        .matched(&snapshot.catalog)
+        .iter()
+        .map(|n| n.as_str().to_owned())
+        .collect();
+    let suggestions = if matched.is_empty() {
+        crate::policy::suggestions(target, &snapshot.catalog)
+    } else {
+        Vec::new()
+    };
     Ok((matched, suggestions))
 }
 
-pub async fn add_grant(state: &AppState, actor: &str, agent: &str, target: &str) -> Result<GrantAdded> {
+pub async fn add_grant(
+    state: &AppState,
+    actor: &str,
+    agent: &str,
+    target: &str,
+) -> Result<GrantAdded> {
     let target = target.trim();
     GrantTarget::parse(target).map_err(ServiceError::Invalid)?;
     let mut tx = state.db.begin().await?;
     if db::policy::agent_id(&mut tx, agent).await?.is_none() {
         return Err(ServiceError::NotFound(format!("agent `{agent}`")));
     }
-    if db::policy::add_grant(&mut tx, actor, agent, target).await?.is_none() {
-        return Err(ServiceError::Conflict(format!("agent `{agent}` already has the grant `{target}`")));
+    if db::policy::add_grant(&mut tx, actor, agent, target)
+        .await?
+        .is_none()
+    {
+        return Err(ServiceError::Conflict(format!(
+            "agent `{agent}` already has the grant `{target}`"
+        )));
     }
     tx.commit().await?;
     refresh(state).await;
     let (matched, suggestions) = preview_grant(&state.policy.load(), target)?;
     let warning = matched.is_empty().then(|| {
-        let hint = suggestions.first().map(|s| format!(" Did you mean `{s}`?")).unwrap_or_default();
+        let hint = suggestions
+            .first()
+            .map(|s| format!(" Did you mean `{s}`?"))
+            .unwrap_or_default();
         format!("the grant `{target}` matches no tool.{hint}")
     });
-    Ok(GrantAdded { agent: agent.to_owned(), target: target.to_owned(), matched_tools: matched.len(), suggestions, warning })
+    Ok(GrantAdded {
+        agent: agent.to_owned(),
+        target: target.to_owned(),
+        matched_tools: matched.len(),
+        suggestions,
+        warning,
+    })
 }
 
 pub async fn remove_grant(state: &AppState, actor: &str, agent: &str, target: &str) -> Result<()> {
     let mut tx = state.db.begin().await?;
     if !db::policy::remove_grant(&mut tx, actor, agent, target).await? {
-        return Err(ServiceError::NotFound(format!("grant `{target}` of agent `{agent}`")));
+        return Err(ServiceError::NotFound(format!(
+            "grant `{target}` of agent `{agent}`"
+        )));
     }
     tx.commit().await?;
     refresh(state).await;
@@ -164,7 +211,13 @@ pub struct NewClient {
 }
 
 /// Creates an OAuth client: with a secret, or with public keys for private_key_jwt.
-pub async fn create_client(pool: &sqlx::PgPool, actor: &str, agent: &str, description: &str, jwks: Option<Value>) -> Result<NewClient> {
+pub async fn create_client(
+    pool: &sqlx::PgPool,
+    actor: &str,
+    agent: &str,
+    description: &str,
+    jwks: Option<Value>,
+) -> Result<NewClient> {
     if let Some(j) = &jwks {
         serde_json::from_value::<jsonwebtoken::jwk::JwkSet>(j.clone())
             .map_err(|e| ServiceError::Invalid(format!("jwks is not a JWK set: {e}")))?;
@@ -174,19 +227,43 @@ pub async fn create_client(pool: &sqlx::PgPool, actor: &str, agent: &str, descri
     let hash = match &secret {
         Some(s) => {
             let s = s.clone();
-            Some(tokio::task::spawn_blocking(move || secrets::hash(&s)).await.map_err(anyhow::Error::from)??)
+            Some(
+                tokio::task::spawn_blocking(move || secrets::hash(&s))
+                    .await
+                    .map_err(anyhow::Error::from)??,
+            )
         }
         None => None,
     };
     let mut tx = pool.begin().await?;
-    if !db::policy::create_client(&mut tx, actor, agent, &client_id, hash.as_deref(), jwks.as_ref(), description).await? {
+    if !db::policy::create_client(
+        &mut tx,
+        actor,
+        agent,
+        &client_id,
+        hash.as_deref(),
+        jwks.as_ref(),
+        description,
+    )
+    .await?
+    {
         return Err(ServiceError::NotFound(format!("agent `{agent}`")));
     }
     tx.commit().await?;
-    Ok(NewClient { client_id, client_secret: secret, agent: agent.to_owned() })
+    Ok(NewClient {
+        client_id,
+        client_secret: secret,
+        agent: agent.to_owned(),
+    })
 }
 
-pub async fn create_client_live(state: &AppState, actor: &str, agent: &str, description: &str, jwks: Option<Value>) -> Result<NewClient> {
+pub async fn create_client_live(
+    state: &AppState,
+    actor: &str,
+    agent: &str,
+    description: &str,
+    jwks: Option<Value>,
+) -> Result<NewClient> {
     let c = create_client(&state.db, actor, agent, description, jwks).await?;
     refresh(state).await;
     Ok(c)
@@ -203,7 +280,12 @@ pub async fn delete_client(state: &AppState, actor: &str, client_id: &str) -> Re
 }
 
 /// Revokes a token by `jti` (admin action); the revocation lasts until `expires_at`.
-pub async fn revoke_jti(state: &AppState, actor: &str, jti: uuid::Uuid, expires_at: chrono::DateTime<chrono::Utc>) -> Result<()> {
+pub async fn revoke_jti(
+    state: &AppState,
+    actor: &str,
+    jti: uuid::Uuid,
+    expires_at: chrono::DateTime<chrono::Utc>,
+) -> Result<()> {
     let mut tx = state.db.begin().await?;
     db::policy::revoke(&mut tx, actor, jti, expires_at).await?;
     tx.commit().await?;

@@ -18,7 +18,10 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/agents/{name}", get(get_agent).delete(delete_agent))
         .route("/agents/{name}/grants", post(add_grant))
         .route("/agents/{name}/grants/{target}", delete(remove_grant))
-        .route("/agents/{name}/clients", get(list_clients).post(create_client))
+        .route(
+            "/agents/{name}/clients",
+            get(list_clients).post(create_client),
+        )
         .route("/clients/{client_id}", delete(delete_client))
         .route("/grants/preview", get(preview_grant))
         .route("/tools", get(list_tools))
@@ -30,7 +33,9 @@ pub fn router(state: AppState) -> Router<AppState> {
 
 /// Constant-time comparison of the presented admin token.
 pub fn is_admin_token(state: &AppState, headers: &HeaderMap) -> bool {
-    let Some(expected) = &state.settings.admin_token else { return false };
+    let Some(expected) = &state.settings.admin_token else {
+        return false;
+    };
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -74,11 +79,17 @@ impl IntoResponse for ApiError {
             ServiceError::Conflict(m) => (StatusCode::CONFLICT, m.clone()),
             ServiceError::Database(e) => {
                 tracing::error!(error = %e, "admin API database error");
-                (StatusCode::SERVICE_UNAVAILABLE, "the database is unavailable".to_owned())
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the database is unavailable".to_owned(),
+                )
             }
             ServiceError::Other(e) => {
                 tracing::error!(error = ?e, "admin API error");
-                (StatusCode::INTERNAL_SERVER_ERROR, "internal error".to_owned())
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal error".to_owned(),
+                )
             }
         };
         (status, Json(json!({"error": message}))).into_response()
@@ -100,22 +111,41 @@ struct NewAgent {
     discovery: Option<String>,
 }
 
-async fn create_agent(State(state): State<AppState>, Json(body): Json<NewAgent>) -> ApiResult<Response> {
-    service::create_agent(&state, API_ACTOR, &body.name, &body.description, body.discovery.as_deref()).await?;
+async fn create_agent(
+    State(state): State<AppState>,
+    Json(body): Json<NewAgent>,
+) -> ApiResult<Response> {
+    service::create_agent(
+        &state,
+        API_ACTOR,
+        &body.name,
+        &body.description,
+        body.discovery.as_deref(),
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(json!({"name": body.name}))).into_response())
 }
 
-async fn get_agent(State(state): State<AppState>, Path(name): Path<String>) -> ApiResult<Json<Value>> {
+async fn get_agent(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Value>> {
     let snapshot = state.policy.load();
     let summary = service::agent_summaries(&snapshot)
         .into_iter()
         .find(|a| a.name == name)
         .ok_or_else(|| ServiceError::NotFound(format!("agent `{name}`")))?;
-    let tools: Vec<&str> = snapshot.agent(&name).map(|a| a.visible.iter().map(|t| t.name.as_str()).collect()).unwrap_or_default();
+    let tools: Vec<&str> = snapshot
+        .agent(&name)
+        .map(|a| a.visible.iter().map(|t| t.name.as_str()).collect())
+        .unwrap_or_default();
     Ok(Json(json!({"agent": summary, "tools": tools})))
 }
 
-async fn delete_agent(State(state): State<AppState>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+async fn delete_agent(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
     service::delete_agent(&state, API_ACTOR, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -125,12 +155,19 @@ struct NewGrant {
     target: String,
 }
 
-async fn add_grant(State(state): State<AppState>, Path(name): Path<String>, Json(body): Json<NewGrant>) -> ApiResult<Response> {
+async fn add_grant(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Json(body): Json<NewGrant>,
+) -> ApiResult<Response> {
     let added = service::add_grant(&state, API_ACTOR, &name, &body.target).await?;
     Ok((StatusCode::CREATED, Json(added)).into_response())
 }
 
-async fn remove_grant(State(state): State<AppState>, Path((name, target)): Path<(String, String)>) -> ApiResult<StatusCode> {
+async fn remove_grant(
+    State(state): State<AppState>,
+    Path((name, target)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
     service::remove_grant(&state, API_ACTOR, &name, &target).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -140,13 +177,23 @@ struct PreviewQuery {
     target: String,
 }
 
-async fn preview_grant(State(state): State<AppState>, axum::extract::Query(q): axum::extract::Query<PreviewQuery>) -> ApiResult<Json<Value>> {
+async fn preview_grant(
+    State(state): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<PreviewQuery>,
+) -> ApiResult<Json<Value>> {
     let (matched, suggestions) = service::preview_grant(&state.policy.load(), &q.target)?;
-    Ok(Json(json!({"target": q.target, "matched_tools": matched.len(), "tools": matched, "suggestions": suggestions})))
+    Ok(Json(
+        json!({"target": q.target, "matched_tools": matched.len(), "tools": matched, "suggestions": suggestions}),
+    ))
 }
 
-async fn list_clients(State(state): State<AppState>, Path(name): Path<String>) -> ApiResult<Json<Value>> {
-    let clients = crate::db::policy::clients(&state.db, Some(&name)).await.map_err(ServiceError::from)?;
+async fn list_clients(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let clients = crate::db::policy::clients(&state.db, Some(&name))
+        .await
+        .map_err(ServiceError::from)?;
     Ok(Json(json!({"clients": clients})))
 }
 
@@ -157,13 +204,32 @@ struct NewClientBody {
     jwks: Option<Value>,
 }
 
-async fn create_client(State(state): State<AppState>, Path(name): Path<String>, body: Option<Json<NewClientBody>>) -> ApiResult<Response> {
-    let body = body.map(|b| b.0).unwrap_or_default();
-    let client = service::create_client_live(&state, API_ACTOR, &name, &body.description, body.jwks).await?;
-    Ok((StatusCode::CREATED, [(header::CACHE_CONTROL, "no-store")], Json(client)).into_response())
+async fn create_client(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Response> {
+    // The body is optional: an empty one creates a secret-based client.
+    let body: NewClientBody = if body.iter().all(u8::is_ascii_whitespace) {
+        NewClientBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ServiceError::Invalid(format!("invalid JSON body: {e}")))?
+    };
+    let client =
+        service::create_client_live(&state, API_ACTOR, &name, &body.description, body.jwks).await?;
+    Ok((
+        StatusCode::CREATED,
+        [(header::CACHE_CONTROL, "no-store")],
+        Json(client),
+    )
+        .into_response())
 }
 
-async fn delete_client(State(state): State<AppState>, Path(client_id): Path<String>) -> ApiResult<StatusCode> {
+async fn delete_client(
+    State(state): State<AppState>,
+    Path(client_id): Path<String>,
+) -> ApiResult<StatusCode> {
     service::delete_client(&state, API_ACTOR, &client_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -199,8 +265,13 @@ struct RevokeBody {
     expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-async fn revoke_token(State(state): State<AppState>, Json(body): Json<RevokeBody>) -> ApiResult<StatusCode> {
-    let expires = body.expires_at.unwrap_or_else(|| chrono::Utc::now() + chrono::Duration::days(1));
+async fn revoke_token(
+    State(state): State<AppState>,
+    Json(body): Json<RevokeBody>,
+) -> ApiResult<StatusCode> {
+    let expires = body
+        .expires_at
+        .unwrap_or_else(|| chrono::Utc::now() + chrono::Duration::days(1));
     service::revoke_jti(&state, API_ACTOR, body.jti, expires).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -21,12 +21,19 @@ pub fn generate() -> anyhow::Result<GeneratedKey> {
     let pair = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref())
         .map_err(|_| anyhow::anyhow!("reading back the Ed25519 key failed"))?;
     let public_key = pair.public_key().as_ref().to_vec();
-    Ok(GeneratedKey { kid: thumbprint(&public_key), private_pkcs8: pkcs8.as_ref().to_vec(), public_key })
+    Ok(GeneratedKey {
+        kid: thumbprint(&public_key),
+        private_pkcs8: pkcs8.as_ref().to_vec(),
+        public_key,
+    })
 }
 
 /// RFC 7638 thumbprint of an Ed25519 public key.
 pub fn thumbprint(public_key: &[u8]) -> String {
-    let canonical = format!(r#"{{"crv":"Ed25519","kty":"OKP","x":"{}"}}"#, URL_SAFE_NO_PAD.encode(public_key));
+    let canonical = format!(
+        r#"{{"crv":"Ed25519","kty":"OKP","x":"{}"}}"#,
+        URL_SAFE_NO_PAD.encode(public_key)
+    );
     URL_SAFE_NO_PAD.encode(Sha256::digest(canonical.as_bytes()))
 }
 

@@ -1,7 +1,7 @@
 //! Client secrets: random, shown once, stored as argon2 hashes.
 
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rand::RngCore;
@@ -12,7 +12,10 @@ pub fn new_client_credentials() -> (String, String) {
     let mut secret = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut id);
     rand::rngs::OsRng.fill_bytes(&mut secret);
-    (format!("tgc_{}", URL_SAFE_NO_PAD.encode(id)), format!("tgs_{}", URL_SAFE_NO_PAD.encode(secret)))
+    (
+        format!("tgc_{}", URL_SAFE_NO_PAD.encode(id)),
+        format!("tgs_{}", URL_SAFE_NO_PAD.encode(secret)),
+    )
 }
 
 /// Hashes a secret or password (argon2id, the crate's recommended parameters).
@@ -33,8 +36,12 @@ pub fn verify(secret: &str, stored: Option<&str>) -> bool {
         Some(h) => (h, true),
         None => (DUMMY.as_str(), false),
     };
-    let Ok(parsed) = PasswordHash::new(hash) else { return false };
-    let ok = Argon2::default().verify_password(secret.as_bytes(), &parsed).is_ok();
+    let Ok(parsed) = PasswordHash::new(hash) else {
+        return false;
+    };
+    let ok = Argon2::default()
+        .verify_password(secret.as_bytes(), &parsed)
+        .is_ok();
     ok && known
 }
 

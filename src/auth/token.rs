@@ -28,7 +28,14 @@ pub struct AccessClaims {
 }
 
 impl AccessClaims {
-    pub fn new(issuer: &str, audience: &str, agent: &str, client_id: &str, prefixes: &[GrantTarget], lifetime: Duration) -> Self {
+    pub fn new(
+        issuer: &str,
+        audience: &str,
+        agent: &str,
+        client_id: &str,
+        prefixes: &[GrantTarget],
+        lifetime: Duration,
+    ) -> Self {
         let now = Utc::now().timestamp();
         let prefixes: Vec<String> = prefixes.iter().map(GrantTarget::to_prefix).collect();
         Self {
@@ -54,7 +61,11 @@ pub fn sign(claims: &AccessClaims, kid: &str, private_pkcs8: &[u8]) -> anyhow::R
     let mut header = Header::new(Algorithm::EdDSA);
     header.typ = Some(TOKEN_TYPE.to_owned());
     header.kid = Some(kid.to_owned());
-    Ok(jsonwebtoken::encode(&header, claims, &EncodingKey::from_ed_der(private_pkcs8))?)
+    Ok(jsonwebtoken::encode(
+        &header,
+        claims,
+        &EncodingKey::from_ed_der(private_pkcs8),
+    )?)
 }
 
 /// Why a token was refused. The reason is logged at debug level and audited, never sent: the
@@ -82,12 +93,20 @@ pub enum TokenError {
 /// Verifies an access token against the snapshot: algorithm allow-list (EdDSA only), `typ`,
 /// known `kid`, signature, `iss`, `aud`, `exp`, then `jti` not revoked and the client still
 /// belonging to the agent.
-pub fn verify(token: &str, snapshot: &PolicySnapshot, issuer: &str, audience: &str) -> Result<(Principal, AccessClaims), TokenError> {
-    let header = jsonwebtoken::decode_header(token).map_err(|e| TokenError::Malformed(e.to_string()))?;
+pub fn verify(
+    token: &str,
+    snapshot: &PolicySnapshot,
+    issuer: &str,
+    audience: &str,
+) -> Result<(Principal, AccessClaims), TokenError> {
+    let header =
+        jsonwebtoken::decode_header(token).map_err(|e| TokenError::Malformed(e.to_string()))?;
     if header.alg != Algorithm::EdDSA {
         return Err(TokenError::Algorithm(format!("{:?}", header.alg)));
     }
-    if !header.typ.as_deref().is_some_and(|t| t.eq_ignore_ascii_case(TOKEN_TYPE) || t.eq_ignore_ascii_case("application/at+jwt")) {
+    if !header.typ.as_deref().is_some_and(|t| {
+        t.eq_ignore_ascii_case(TOKEN_TYPE) || t.eq_ignore_ascii_case("application/at+jwt")
+    }) {
         return Err(TokenError::Type);
     }
     let kid = header.kid.ok_or(TokenError::UnknownKey)?;
@@ -97,19 +116,30 @@ pub fn verify(token: &str, snapshot: &PolicySnapshot, issuer: &str, audience: &s
     validation.set_audience(&[audience]);
     validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
     validation.leeway = 5;
-    let data = jsonwebtoken::decode::<AccessClaims>(token, &DecodingKey::from_ed_der(key), &validation)
-        .map_err(|e| TokenError::Invalid(e.to_string()))?;
+    let data =
+        jsonwebtoken::decode::<AccessClaims>(token, &DecodingKey::from_ed_der(key), &validation)
+            .map_err(|e| TokenError::Invalid(e.to_string()))?;
     let claims = data.claims;
-    let jti = Uuid::parse_str(&claims.jti).map_err(|_| TokenError::Invalid("jti is not a UUID".into()))?;
+    let jti = Uuid::parse_str(&claims.jti)
+        .map_err(|_| TokenError::Invalid("jti is not a UUID".into()))?;
     if snapshot.is_revoked(&jti) {
         return Err(TokenError::Revoked);
     }
     if snapshot.client_agent(&claims.client_id) != Some(claims.sub.as_str()) {
         return Err(TokenError::UnknownClient);
     }
-    let prefixes = claims.tool_prefixes.iter().filter_map(|p| GrantTarget::from_prefix(p)).collect();
+    let prefixes = claims
+        .tool_prefixes
+        .iter()
+        .filter_map(|p| GrantTarget::from_prefix(p))
+        .collect();
     Ok((
-        Principal { agent: claims.sub.clone(), client_id: claims.client_id.clone(), jti: Some(jti), prefixes },
+        Principal {
+            agent: claims.sub.clone(),
+            client_id: claims.client_id.clone(),
+            jti: Some(jti),
+            prefixes,
+        },
         claims,
     ))
 }

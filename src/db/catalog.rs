@@ -7,7 +7,10 @@ use crate::pool::Catalog;
 /// Makes the `tools` table match the catalog this instance loaded from `origin`.
 pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Result<()> {
     let mut tx = pool.begin().await?;
-    let names: Vec<String> = catalog.tools().map(|t| t.name.as_str().to_owned()).collect();
+    let names: Vec<String> = catalog
+        .tools()
+        .map(|t| t.name.as_str().to_owned())
+        .collect();
     sqlx::query("DELETE FROM tools WHERE origin = $1 AND NOT (name = ANY($2))")
         .bind(origin)
         .bind(&names)
@@ -39,5 +42,7 @@ pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Resul
 
 /// Tool names currently in the table, for checks run without loading the pool.
 pub async fn names(pool: &PgPool) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar("SELECT name FROM tools ORDER BY name").fetch_all(pool).await
+    sqlx::query_scalar("SELECT name FROM tools ORDER BY name")
+        .fetch_all(pool)
+        .await
 }

@@ -20,7 +20,11 @@ pub enum ConnectError {
     )]
     Unreachable { url: String, reason: String },
     #[error("cannot create database `{name}` at {url}: {reason}")]
-    Create { name: String, url: String, reason: String },
+    Create {
+        name: String,
+        url: String,
+        reason: String,
+    },
     #[error("migrating the database at {url} failed: {reason}")]
     Migrate { url: String, reason: String },
     #[error("invalid database URL: {0}")]
@@ -41,7 +45,8 @@ pub fn redact_url(url: &str) -> String {
 /// Connects, creating the database if it does not exist yet.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, ConnectError> {
     let shown = redact_url(url);
-    let options = PgConnectOptions::from_str(url).map_err(|e| ConnectError::BadUrl(e.to_string()))?;
+    let options =
+        PgConnectOptions::from_str(url).map_err(|e| ConnectError::BadUrl(e.to_string()))?;
     let options = options.log_statements(tracing::log::LevelFilter::Trace);
     match options.connect().await {
         Ok(conn) => {
@@ -50,23 +55,34 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, ConnectE
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("3D000") => {
             create_database(&options, &shown).await?;
         }
-        Err(e) => return Err(ConnectError::Unreachable { url: shown, reason: e.to_string() }),
+        Err(e) => {
+            return Err(ConnectError::Unreachable {
+                url: shown,
+                reason: e.to_string(),
+            });
+        }
     }
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
         .connect_with(options)
         .await
-        .map_err(|e| ConnectError::Unreachable { url: shown, reason: e.to_string() })
+        .map_err(|e| ConnectError::Unreachable {
+            url: shown,
+            reason: e.to_string(),
+        })
 }
 
 async fn create_database(options: &PgConnectOptions, shown: &str) -> Result<(), ConnectError> {
     let name = options.get_database().unwrap_or("toolgate").to_owned();
     let admin = options.clone().database("postgres");
-    let mut conn = admin.connect().await.map_err(|e| ConnectError::Unreachable {
-        url: shown.to_owned(),
-        reason: e.to_string(),
-    })?;
+    let mut conn = admin
+        .connect()
+        .await
+        .map_err(|e| ConnectError::Unreachable {
+            url: shown.to_owned(),
+            reason: e.to_string(),
+        })?;
     let sql = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
     match sqlx::query(&sql).execute(&mut conn).await {
         Ok(_) => {
@@ -75,7 +91,11 @@ async fn create_database(options: &PgConnectOptions, shown: &str) -> Result<(), 
         }
         // Another instance created it at the same moment.
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => Ok(()),
-        Err(e) => Err(ConnectError::Create { name, url: shown.to_owned(), reason: e.to_string() }),
+        Err(e) => Err(ConnectError::Create {
+            name,
+            url: shown.to_owned(),
+            reason: e.to_string(),
+        }),
     }
 }
 

@@ -20,25 +20,37 @@ pub async fn load_state(pool: &PgPool) -> sqlx::Result<PolicyState> {
         .execute(&mut *tx)
         .await?;
     let agents = agents(&mut tx).await?;
-    let clients = sqlx::query("SELECT c.client_id, a.name FROM oauth_clients c JOIN agents a ON a.id = c.agent_id")
-        .fetch_all(&mut *tx)
-        .await?
-        .into_iter()
-        .map(|r| ClientRecord { client_id: r.get(0), agent: r.get(1) })
-        .collect();
+    let clients = sqlx::query(
+        "SELECT c.client_id, a.name FROM oauth_clients c JOIN agents a ON a.id = c.agent_id",
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|r| ClientRecord {
+        client_id: r.get(0),
+        agent: r.get(1),
+    })
+    .collect();
     let revoked = sqlx::query_scalar("SELECT jti FROM revoked_tokens WHERE expires_at > now()")
         .fetch_all(&mut *tx)
         .await?;
     let keys = verify_keys(&mut tx).await?;
     tx.commit().await?;
-    Ok(PolicyState { agents, clients, revoked, keys })
+    Ok(PolicyState {
+        agents,
+        clients,
+        revoked,
+        keys,
+    })
 }
 
 async fn agents(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRecord>> {
     let mut grants: HashMap<Uuid, Vec<GrantRecord>> = HashMap::new();
-    for r in sqlx::query("SELECT id, agent_id, target, created_by, created_at FROM agent_grants ORDER BY target")
-        .fetch_all(&mut *conn)
-        .await?
+    for r in sqlx::query(
+        "SELECT id, agent_id, target, created_by, created_at FROM agent_grants ORDER BY target",
+    )
+    .fetch_all(&mut *conn)
+    .await?
     {
         grants.entry(r.get(1)).or_default().push(GrantRecord {
             id: r.get(0),
@@ -48,9 +60,11 @@ async fn agents(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRecord>> {
         });
     }
     let mut limits: HashMap<Uuid, Vec<RateLimitRecord>> = HashMap::new();
-    for r in sqlx::query("SELECT agent_id, pattern, per_second, burst FROM rate_limits ORDER BY pattern NULLS FIRST")
-        .fetch_all(&mut *conn)
-        .await?
+    for r in sqlx::query(
+        "SELECT agent_id, pattern, per_second, burst FROM rate_limits ORDER BY pattern NULLS FIRST",
+    )
+    .fetch_all(&mut *conn)
+    .await?
     {
         limits.entry(r.get(0)).or_default().push(RateLimitRecord {
             pattern: r.get(1),
@@ -58,9 +72,11 @@ async fn agents(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRecord>> {
             burst: r.get::<i32, _>(3) as u32,
         });
     }
-    let rows = sqlx::query("SELECT id, name, description, notes, discovery, pinned FROM agents ORDER BY name")
-        .fetch_all(&mut *conn)
-        .await?;
+    let rows = sqlx::query(
+        "SELECT id, name, description, notes, discovery, pinned FROM agents ORDER BY name",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
     Ok(rows
         .into_iter()
         .map(|r| {
@@ -82,12 +98,17 @@ async fn agents(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRecord>> {
 /// The signing key and the one before it: JWKS publishes both so rotation does not cut off
 /// tokens already issued.
 async fn verify_keys(conn: &mut PgConnection) -> sqlx::Result<Vec<VerifyKey>> {
-    Ok(sqlx::query("SELECT kid, public_key FROM signing_keys ORDER BY created_at DESC LIMIT 2")
-        .fetch_all(&mut *conn)
-        .await?
-        .into_iter()
-        .map(|r| VerifyKey { kid: r.get(0), public_key: r.get(1) })
-        .collect())
+    Ok(
+        sqlx::query("SELECT kid, public_key FROM signing_keys ORDER BY created_at DESC LIMIT 2")
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .map(|r| VerifyKey {
+                kid: r.get(0),
+                public_key: r.get(1),
+            })
+            .collect(),
+    )
 }
 
 /// The fields of an agent that policies and the API set.
@@ -106,7 +127,12 @@ pub async fn agent_id(conn: &mut PgConnection, name: &str) -> sqlx::Result<Optio
         .await
 }
 
-pub async fn create_agent(conn: &mut PgConnection, actor: &str, name: &str, s: &AgentSettings) -> sqlx::Result<Uuid> {
+pub async fn create_agent(
+    conn: &mut PgConnection,
+    actor: &str,
+    name: &str,
+    s: &AgentSettings,
+) -> sqlx::Result<Uuid> {
     let id = Uuid::now_v7();
     sqlx::query("INSERT INTO agents (id, name, description, notes, discovery, pinned) VALUES ($1, $2, $3, $4, $5, $6)")
         .bind(id)
@@ -117,11 +143,25 @@ pub async fn create_agent(conn: &mut PgConnection, actor: &str, name: &str, s: &
         .bind(&s.pinned)
         .execute(&mut *conn)
         .await?;
-    record_change(conn, actor, "agent.create", &format!("agent:{name}"), None, Some(settings_json(s))).await?;
+    record_change(
+        conn,
+        actor,
+        "agent.create",
+        &format!("agent:{name}"),
+        None,
+        Some(settings_json(s)),
+    )
+    .await?;
     Ok(id)
 }
 
-pub async fn update_agent(conn: &mut PgConnection, actor: &str, name: &str, before: &AgentSettings, s: &AgentSettings) -> sqlx::Result<()> {
+pub async fn update_agent(
+    conn: &mut PgConnection,
+    actor: &str,
+    name: &str,
+    before: &AgentSettings,
+    s: &AgentSettings,
+) -> sqlx::Result<()> {
     sqlx::query("UPDATE agents SET description = $2, notes = $3, discovery = $4, pinned = $5, updated_at = now() WHERE name = $1")
         .bind(name)
         .bind(&s.description)
@@ -130,14 +170,33 @@ pub async fn update_agent(conn: &mut PgConnection, actor: &str, name: &str, befo
         .bind(&s.pinned)
         .execute(&mut *conn)
         .await?;
-    record_change(conn, actor, "agent.update", &format!("agent:{name}"), Some(settings_json(before)), Some(settings_json(s))).await
+    record_change(
+        conn,
+        actor,
+        "agent.update",
+        &format!("agent:{name}"),
+        Some(settings_json(before)),
+        Some(settings_json(s)),
+    )
+    .await
 }
 
 /// Deletes an agent with its grants, limits and clients. Returns whether it existed.
 pub async fn delete_agent(conn: &mut PgConnection, actor: &str, name: &str) -> sqlx::Result<bool> {
-    let gone = sqlx::query("DELETE FROM agents WHERE name = $1").bind(name).execute(&mut *conn).await?;
+    let gone = sqlx::query("DELETE FROM agents WHERE name = $1")
+        .bind(name)
+        .execute(&mut *conn)
+        .await?;
     if gone.rows_affected() > 0 {
-        record_change(conn, actor, "agent.delete", &format!("agent:{name}"), Some(json!({"name": name})), None).await?;
+        record_change(
+            conn,
+            actor,
+            "agent.delete",
+            &format!("agent:{name}"),
+            Some(json!({"name": name})),
+            None,
+        )
+        .await?;
     }
     Ok(gone.rows_affected() > 0)
 }
@@ -147,7 +206,12 @@ fn settings_json(s: &AgentSettings) -> Value {
 }
 
 /// Adds a grant; `None` if the agent already has it.
-pub async fn add_grant(conn: &mut PgConnection, actor: &str, agent: &str, target: &str) -> sqlx::Result<Option<Uuid>> {
+pub async fn add_grant(
+    conn: &mut PgConnection,
+    actor: &str,
+    agent: &str,
+    target: &str,
+) -> sqlx::Result<Option<Uuid>> {
     let id = Uuid::now_v7();
     let inserted = sqlx::query(
         "INSERT INTO agent_grants (id, agent_id, target, created_by)
@@ -163,12 +227,25 @@ pub async fn add_grant(conn: &mut PgConnection, actor: &str, agent: &str, target
     if inserted.rows_affected() == 0 {
         return Ok(None);
     }
-    record_change(conn, actor, "grant.create", &format!("agent:{agent}/grant:{target}"), None, Some(json!({"agent": agent, "target": target}))).await?;
+    record_change(
+        conn,
+        actor,
+        "grant.create",
+        &format!("agent:{agent}/grant:{target}"),
+        None,
+        Some(json!({"agent": agent, "target": target})),
+    )
+    .await?;
     Ok(Some(id))
 }
 
 /// Removes a grant of an agent. Returns whether it existed.
-pub async fn remove_grant(conn: &mut PgConnection, actor: &str, agent: &str, target: &str) -> sqlx::Result<bool> {
+pub async fn remove_grant(
+    conn: &mut PgConnection,
+    actor: &str,
+    agent: &str,
+    target: &str,
+) -> sqlx::Result<bool> {
     let gone = sqlx::query(
         "DELETE FROM agent_grants g USING agents a WHERE g.agent_id = a.id AND a.name = $1 AND g.target = $2",
     )
@@ -177,15 +254,34 @@ pub async fn remove_grant(conn: &mut PgConnection, actor: &str, agent: &str, tar
     .execute(&mut *conn)
     .await?;
     if gone.rows_affected() > 0 {
-        record_change(conn, actor, "grant.delete", &format!("agent:{agent}/grant:{target}"), Some(json!({"agent": agent, "target": target})), None).await?;
+        record_change(
+            conn,
+            actor,
+            "grant.delete",
+            &format!("agent:{agent}/grant:{target}"),
+            Some(json!({"agent": agent, "target": target})),
+            None,
+        )
+        .await?;
     }
     Ok(gone.rows_affected() > 0)
 }
 
 /// Replaces an agent's rate limits.
-pub async fn set_limits(conn: &mut PgConnection, actor: &str, agent: &str, before: &[RateLimitRecord], limits: &[RateLimitRecord]) -> sqlx::Result<()> {
-    let Some(agent_id) = agent_id(conn, agent).await? else { return Ok(()) };
-    sqlx::query("DELETE FROM rate_limits WHERE agent_id = $1").bind(agent_id).execute(&mut *conn).await?;
+pub async fn set_limits(
+    conn: &mut PgConnection,
+    actor: &str,
+    agent: &str,
+    before: &[RateLimitRecord],
+    limits: &[RateLimitRecord],
+) -> sqlx::Result<()> {
+    let Some(agent_id) = agent_id(conn, agent).await? else {
+        return Ok(());
+    };
+    sqlx::query("DELETE FROM rate_limits WHERE agent_id = $1")
+        .bind(agent_id)
+        .execute(&mut *conn)
+        .await?;
     for l in limits {
         sqlx::query("INSERT INTO rate_limits (id, agent_id, pattern, per_second, burst) VALUES ($1, $2, $3, $4, $5)")
             .bind(Uuid::now_v7())
@@ -196,7 +292,15 @@ pub async fn set_limits(conn: &mut PgConnection, actor: &str, agent: &str, befor
             .execute(&mut *conn)
             .await?;
     }
-    record_change(conn, actor, "rate_limit.set", &format!("agent:{agent}"), Some(json!(before)), Some(json!(limits))).await
+    record_change(
+        conn,
+        actor,
+        "rate_limit.set",
+        &format!("agent:{agent}"),
+        Some(json!(before)),
+        Some(json!(limits)),
+    )
+    .await
 }
 
 /// Group metadata from `policies/groups.yaml`.
@@ -210,15 +314,26 @@ pub struct GroupMeta {
 }
 
 pub async fn groups(conn: &mut PgConnection) -> sqlx::Result<Vec<GroupMeta>> {
-    Ok(sqlx::query("SELECT name, description, owner FROM tool_groups ORDER BY name")
-        .fetch_all(&mut *conn)
-        .await?
-        .into_iter()
-        .map(|r| GroupMeta { name: r.get(0), description: r.get(1), owner: r.get(2) })
-        .collect())
+    Ok(
+        sqlx::query("SELECT name, description, owner FROM tool_groups ORDER BY name")
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .map(|r| GroupMeta {
+                name: r.get(0),
+                description: r.get(1),
+                owner: r.get(2),
+            })
+            .collect(),
+    )
 }
 
-pub async fn upsert_group(conn: &mut PgConnection, actor: &str, before: Option<&GroupMeta>, g: &GroupMeta) -> sqlx::Result<()> {
+pub async fn upsert_group(
+    conn: &mut PgConnection,
+    actor: &str,
+    before: Option<&GroupMeta>,
+    g: &GroupMeta,
+) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO tool_groups (name, description, owner) VALUES ($1, $2, $3)
          ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description, owner = EXCLUDED.owner, updated_at = now()",
@@ -228,13 +343,32 @@ pub async fn upsert_group(conn: &mut PgConnection, actor: &str, before: Option<&
     .bind(&g.owner)
     .execute(&mut *conn)
     .await?;
-    record_change(conn, actor, "group.set", &format!("group:{}", g.name), before.map(|b| json!(b)), Some(json!(g))).await
+    record_change(
+        conn,
+        actor,
+        "group.set",
+        &format!("group:{}", g.name),
+        before.map(|b| json!(b)),
+        Some(json!(g)),
+    )
+    .await
 }
 
 pub async fn delete_group(conn: &mut PgConnection, actor: &str, name: &str) -> sqlx::Result<bool> {
-    let gone = sqlx::query("DELETE FROM tool_groups WHERE name = $1").bind(name).execute(&mut *conn).await?;
+    let gone = sqlx::query("DELETE FROM tool_groups WHERE name = $1")
+        .bind(name)
+        .execute(&mut *conn)
+        .await?;
     if gone.rows_affected() > 0 {
-        record_change(conn, actor, "group.delete", &format!("group:{name}"), Some(json!({"name": name})), None).await?;
+        record_change(
+            conn,
+            actor,
+            "group.delete",
+            &format!("group:{name}"),
+            Some(json!({"name": name})),
+            None,
+        )
+        .await?;
     }
     Ok(gone.rows_affected() > 0)
 }
@@ -315,14 +449,37 @@ pub async fn create_client(
     if inserted.rows_affected() == 0 {
         return Ok(false);
     }
-    record_change(conn, actor, "client.create", &format!("agent:{agent}/client:{client_id}"), None, Some(json!({"client_id": client_id, "agent": agent, "private_key_jwt": jwks.is_some()}))).await?;
+    record_change(
+        conn,
+        actor,
+        "client.create",
+        &format!("agent:{agent}/client:{client_id}"),
+        None,
+        Some(json!({"client_id": client_id, "agent": agent, "private_key_jwt": jwks.is_some()})),
+    )
+    .await?;
     Ok(true)
 }
 
-pub async fn delete_client(conn: &mut PgConnection, actor: &str, client_id: &str) -> sqlx::Result<bool> {
-    let gone = sqlx::query("DELETE FROM oauth_clients WHERE client_id = $1").bind(client_id).execute(&mut *conn).await?;
+pub async fn delete_client(
+    conn: &mut PgConnection,
+    actor: &str,
+    client_id: &str,
+) -> sqlx::Result<bool> {
+    let gone = sqlx::query("DELETE FROM oauth_clients WHERE client_id = $1")
+        .bind(client_id)
+        .execute(&mut *conn)
+        .await?;
     if gone.rows_affected() > 0 {
-        record_change(conn, actor, "client.delete", &format!("client:{client_id}"), Some(json!({"client_id": client_id})), None).await?;
+        record_change(
+            conn,
+            actor,
+            "client.delete",
+            &format!("client:{client_id}"),
+            Some(json!({"client_id": client_id})),
+            None,
+        )
+        .await?;
     }
     Ok(gone.rows_affected() > 0)
 }
@@ -342,7 +499,13 @@ pub async fn current_signing_key(pool: &PgPool) -> sqlx::Result<Option<SigningKe
 
 /// Adds a new signing key and retires the others from signing (they still verify until the
 /// next rotation).
-pub async fn insert_signing_key(conn: &mut PgConnection, actor: &str, kid: &str, private_pkcs8: &[u8], public_key: &[u8]) -> sqlx::Result<()> {
+pub async fn insert_signing_key(
+    conn: &mut PgConnection,
+    actor: &str,
+    kid: &str,
+    private_pkcs8: &[u8],
+    public_key: &[u8],
+) -> sqlx::Result<()> {
     sqlx::query("UPDATE signing_keys SET retired_at = now() WHERE retired_at IS NULL")
         .execute(&mut *conn)
         .await?;
@@ -352,7 +515,15 @@ pub async fn insert_signing_key(conn: &mut PgConnection, actor: &str, kid: &str,
         .bind(public_key)
         .execute(&mut *conn)
         .await?;
-    record_change(conn, actor, "key.rotate", &format!("key:{kid}"), None, Some(json!({"kid": kid}))).await
+    record_change(
+        conn,
+        actor,
+        "key.rotate",
+        &format!("key:{kid}"),
+        None,
+        Some(json!({"kid": kid})),
+    )
+    .await
 }
 
 pub async fn has_signing_key(conn: &mut PgConnection) -> sqlx::Result<bool> {
@@ -367,25 +538,42 @@ pub async fn published_keys(pool: &PgPool) -> sqlx::Result<Vec<VerifyKey>> {
     verify_keys(&mut conn).await
 }
 
-pub async fn revoke(conn: &mut PgConnection, actor: &str, jti: Uuid, expires_at: DateTime<Utc>) -> sqlx::Result<()> {
+pub async fn revoke(
+    conn: &mut PgConnection,
+    actor: &str,
+    jti: Uuid,
+    expires_at: DateTime<Utc>,
+) -> sqlx::Result<()> {
     sqlx::query("INSERT INTO revoked_tokens (jti, expires_at, revoked_by) VALUES ($1, $2, $3) ON CONFLICT (jti) DO NOTHING")
         .bind(jti)
         .bind(expires_at)
         .bind(actor)
         .execute(&mut *conn)
         .await?;
-    record_change(conn, actor, "token.revoke", &format!("token:{jti}"), None, Some(json!({"jti": jti}))).await
+    record_change(
+        conn,
+        actor,
+        "token.revoke",
+        &format!("token:{jti}"),
+        None,
+        Some(json!({"jti": jti})),
+    )
+    .await
 }
 
 /// Drops revocations of tokens that have expired anyway.
 pub async fn prune_revocations(pool: &PgPool) -> sqlx::Result<u64> {
-    Ok(sqlx::query("DELETE FROM revoked_tokens WHERE expires_at < now() - interval '1 hour'")
-        .execute(pool)
-        .await?
-        .rows_affected())
+    Ok(
+        sqlx::query("DELETE FROM revoked_tokens WHERE expires_at < now() - interval '1 hour'")
+            .execute(pool)
+            .await?
+            .rows_affected(),
+    )
 }
 
 /// Whether any agent exists (first start applies the policies folder into an empty database).
 pub async fn is_empty(pool: &PgPool) -> sqlx::Result<bool> {
-    sqlx::query_scalar("SELECT NOT EXISTS (SELECT 1 FROM agents)").fetch_one(pool).await
+    sqlx::query_scalar("SELECT NOT EXISTS (SELECT 1 FROM agents)")
+        .fetch_one(pool)
+        .await
 }

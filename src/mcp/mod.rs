@@ -7,9 +7,9 @@ use axum::Router;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+    Implementation, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -36,13 +36,20 @@ pub fn router(state: AppState) -> Router<AppState> {
         .with_sse_keep_alive(None);
     let handler_state = state.clone();
     let service = StreamableHttpService::new(
-        move || Ok(Gateway { state: handler_state.clone() }),
+        move || {
+            Ok(Gateway {
+                state: handler_state.clone(),
+            })
+        },
         Arc::new(NeverSessionManager::default()),
         config,
     );
     Router::new()
         .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(state, crate::http::require_agent))
+        .layer(axum::middleware::from_fn_with_state(
+            state,
+            crate::http::require_agent,
+        ))
 }
 
 /// One `ServerHandler` per request; it holds only the shared state.
@@ -103,10 +110,11 @@ impl ServerHandler for Gateway {
         };
         let page_size = self.state.settings.page_size;
         let page: Vec<_> = visible.iter().skip(start).take(page_size).collect();
-        let mut result = ListToolsResult::with_all_items(page.iter().map(|t| t.mcp_definition()).collect())
-            // Filtered per token, and a revoked grant must vanish on the next request.
-            .with_ttl_ms(0)
-            .with_cache_scope(CacheScope::Private);
+        let mut result =
+            ListToolsResult::with_all_items(page.iter().map(|t| t.mcp_definition()).collect())
+                // Filtered per token, and a revoked grant must vanish on the next request.
+                .with_ttl_ms(0)
+                .with_cache_scope(CacheScope::Private);
         if start + page.len() < visible.len()
             && let Some(last) = page.last()
         {
@@ -117,7 +125,12 @@ impl ServerHandler for Gateway {
 
     fn get_tool(&self, name: &str) -> Option<rmcp::model::Tool> {
         // Used by the SDK only for `Mcp-Param-*` header checks; authorization is in call_tool.
-        self.state.policy.load().catalog.get(name).map(|t| t.mcp_definition())
+        self.state
+            .policy
+            .load()
+            .catalog
+            .get(name)
+            .map(|t| t.mcp_definition())
     }
 
     async fn call_tool(
@@ -128,12 +141,19 @@ impl ServerHandler for Gateway {
         let principal = principal(&ctx)?;
         let args = Value::Object(request.arguments.unwrap_or_default());
         match calls::call(&self.state, &principal, &request.name, args, Surface::Mcp).await {
-            Err(CallRefused::UnknownTool(name)) => Err(McpError::invalid_params(format!("Unknown tool: {name}"), None)),
+            Err(CallRefused::UnknownTool(name)) => Err(McpError::invalid_params(
+                format!("Unknown tool: {name}"),
+                None,
+            )),
             Err(CallRefused::InvalidArguments { tool, violations }) => {
                 let text = format!(
                     "invalid arguments for {}:\n{}",
                     tool.name,
-                    violations.iter().map(|v| format!("- {v}")).collect::<Vec<_>>().join("\n")
+                    violations
+                        .iter()
+                        .map(|v| format!("- {v}"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
                 );
                 Ok(CallToolResult::error(vec![ContentBlock::text(text)]).into())
             }
@@ -146,7 +166,9 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         _ctx: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        Ok(ListPromptsResult::with_all_items(Vec::new()).with_ttl_ms(0).with_cache_scope(CacheScope::Private))
+        Ok(ListPromptsResult::with_all_items(Vec::new())
+            .with_ttl_ms(0)
+            .with_cache_scope(CacheScope::Private))
     }
 
     async fn list_resources(
@@ -154,7 +176,9 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         _ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        Ok(ListResourcesResult::with_all_items(Vec::new()).with_ttl_ms(0).with_cache_scope(CacheScope::Private))
+        Ok(ListResourcesResult::with_all_items(Vec::new())
+            .with_ttl_ms(0)
+            .with_cache_scope(CacheScope::Private))
     }
 
     async fn list_resource_templates(
@@ -182,6 +206,8 @@ pub fn to_result(outcome: ScriptOutcome) -> CallToolResult {
                 CallToolResult::success(vec![ContentBlock::text(text)])
             }
         }
-        failed => CallToolResult::error(vec![ContentBlock::text(failed.error_message().unwrap_or_default())]),
+        failed => CallToolResult::error(vec![ContentBlock::text(
+            failed.error_message().unwrap_or_default(),
+        )]),
     }
 }

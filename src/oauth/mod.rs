@@ -24,7 +24,12 @@ use crate::policy::GrantTarget;
 
 pub const CLIENT_ASSERTION_TYPE: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
 /// Algorithms accepted for `private_key_jwt` client assertions.
-const ASSERTION_ALGS: [Algorithm; 4] = [Algorithm::EdDSA, Algorithm::RS256, Algorithm::ES256, Algorithm::PS256];
+const ASSERTION_ALGS: [Algorithm; 4] = [
+    Algorithm::EdDSA,
+    Algorithm::RS256,
+    Algorithm::ES256,
+    Algorithm::PS256,
+];
 /// Longest lifetime accepted for a client assertion.
 const MAX_ASSERTION_LIFETIME_SECS: i64 = 600;
 
@@ -34,8 +39,14 @@ pub fn router() -> Router<AppState> {
         .route("/oauth/revoke", post(revoke))
         .route("/oauth/introspect", post(introspect))
         .route("/.well-known/oauth-authorization-server", get(as_metadata))
-        .route("/.well-known/oauth-protected-resource", get(resource_metadata))
-        .route("/.well-known/oauth-protected-resource/mcp", get(resource_metadata))
+        .route(
+            "/.well-known/oauth-protected-resource",
+            get(resource_metadata),
+        )
+        .route(
+            "/.well-known/oauth-protected-resource/mcp",
+            get(resource_metadata),
+        )
         .route("/.well-known/jwks.json", get(jwks))
 }
 
@@ -43,10 +54,19 @@ pub fn router() -> Router<AppState> {
 pub async fn ensure_signing_key(pool: &PgPool) -> anyhow::Result<()> {
     let mut tx = pool.begin().await?;
     // Two instances starting on an empty database must not both create a key.
-    sqlx::query("SELECT pg_advisory_xact_lock(7470111)").execute(&mut *tx).await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(7470111)")
+        .execute(&mut *tx)
+        .await?;
     if !db::policy::has_signing_key(&mut tx).await? {
         let key = keys::generate()?;
-        db::policy::insert_signing_key(&mut tx, "toolgate", &key.kid, &key.private_pkcs8, &key.public_key).await?;
+        db::policy::insert_signing_key(
+            &mut tx,
+            "toolgate",
+            &key.kid,
+            &key.private_pkcs8,
+            &key.public_key,
+        )
+        .await?;
         tracing::info!(kid = %key.kid, "created the first token signing key");
     }
     tx.commit().await?;
@@ -57,7 +77,14 @@ pub async fn ensure_signing_key(pool: &PgPool) -> anyhow::Result<()> {
 pub async fn rotate_key(pool: &PgPool, actor: &str) -> anyhow::Result<String> {
     let key = keys::generate()?;
     let mut tx = pool.begin().await?;
-    db::policy::insert_signing_key(&mut tx, actor, &key.kid, &key.private_pkcs8, &key.public_key).await?;
+    db::policy::insert_signing_key(
+        &mut tx,
+        actor,
+        &key.kid,
+        &key.private_pkcs8,
+        &key.public_key,
+    )
+    .await?;
     tx.commit().await?;
     Ok(key.kid)
 }
@@ -86,10 +113,18 @@ pub struct OAuthError {
 
 impl OAuthError {
     fn new(status: StatusCode, error: &'static str, description: impl Into<String>) -> Self {
-        Self { status, error, description: description.into(), basic_challenge: false }
+        Self {
+            status,
+            error,
+            description: description.into(),
+            basic_challenge: false,
+        }
     }
     fn invalid_client(description: impl Into<String>) -> Self {
-        Self { basic_challenge: true, ..Self::new(StatusCode::UNAUTHORIZED, "invalid_client", description) }
+        Self {
+            basic_challenge: true,
+            ..Self::new(StatusCode::UNAUTHORIZED, "invalid_client", description)
+        }
     }
 }
 
@@ -118,11 +153,17 @@ pub struct AuthenticatedClient {
 
 fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
     let h = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let b64 = h.strip_prefix("Basic ").or_else(|| h.strip_prefix("basic "))?;
+    let b64 = h
+        .strip_prefix("Basic ")
+        .or_else(|| h.strip_prefix("basic "))?;
     let decoded = String::from_utf8(STANDARD.decode(b64.trim()).ok()?).ok()?;
     let (id, secret) = decoded.split_once(':')?;
     // RFC 6749 §2.3.1: both parts are form-urlencoded before base64.
-    let dec = |s: &str| url::form_urlencoded::parse(format!("v={s}").as_bytes()).next().map(|(_, v)| v.into_owned());
+    let dec = |s: &str| {
+        url::form_urlencoded::parse(format!("v={s}").as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+    };
     Some((dec(id)?, dec(secret)?))
 }
 
@@ -134,29 +175,58 @@ pub async fn authenticate_client(
     form: &HashMap<String, String>,
 ) -> Result<AuthenticatedClient, OAuthError> {
     let basic = basic_credentials(headers);
-    let post = form.get("client_secret").map(|s| (form.get("client_id").cloned().unwrap_or_default(), s.clone()));
+    let post = form.get("client_secret").map(|s| {
+        (
+            form.get("client_id").cloned().unwrap_or_default(),
+            s.clone(),
+        )
+    });
     let assertion = form.get("client_assertion");
-    let methods = [basic.is_some(), post.is_some(), assertion.is_some()].iter().filter(|m| **m).count();
+    let methods = [basic.is_some(), post.is_some(), assertion.is_some()]
+        .iter()
+        .filter(|m| **m)
+        .count();
     if methods > 1 {
-        return Err(OAuthError::new(StatusCode::BAD_REQUEST, "invalid_request", "use exactly one client authentication method"));
+        return Err(OAuthError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "use exactly one client authentication method",
+        ));
     }
     if let Some(assertion) = assertion {
         if form.get("client_assertion_type").map(String::as_str) != Some(CLIENT_ASSERTION_TYPE) {
-            return Err(OAuthError::new(StatusCode::BAD_REQUEST, "invalid_request", "unsupported client_assertion_type"));
+            return Err(OAuthError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "unsupported client_assertion_type",
+            ));
         }
         return verify_assertion(state, assertion, form.get("client_id")).await;
     }
     let Some((client_id, secret)) = basic.or(post) else {
-        return Err(OAuthError::invalid_client("client authentication is required"));
+        return Err(OAuthError::invalid_client(
+            "client authentication is required",
+        ));
     };
     let client = db::policy::client(&state.db, &client_id)
         .await
-        .map_err(|_| OAuthError::new(StatusCode::SERVICE_UNAVAILABLE, "temporarily_unavailable", "try again"))?;
+        .map_err(|_| {
+            OAuthError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "temporarily_unavailable",
+                "try again",
+            )
+        })?;
     let stored = client.as_ref().and_then(|c| c.secret_hash.clone());
     // argon2 is deliberately slow: keep it off the async workers.
-    let ok = tokio::task::spawn_blocking(move || secrets::verify(&secret, stored.as_deref())).await.unwrap_or(false);
+    let ok = tokio::task::spawn_blocking(move || secrets::verify(&secret, stored.as_deref()))
+        .await
+        .unwrap_or(false);
     match client {
-        Some(c) if ok => Ok(AuthenticatedClient { client_id: c.client_id, agent: c.agent }),
+        Some(c) if ok => Ok(AuthenticatedClient {
+            client_id: c.client_id,
+            agent: c.agent,
+        }),
         _ => Err(OAuthError::invalid_client("client authentication failed")),
     }
 }
@@ -169,7 +239,11 @@ fn unverified_claim(jwt: &str, claim: &str) -> Option<String> {
     v.get(claim)?.as_str().map(str::to_owned)
 }
 
-async fn verify_assertion(state: &AppState, assertion: &str, form_client_id: Option<&String>) -> Result<AuthenticatedClient, OAuthError> {
+async fn verify_assertion(
+    state: &AppState,
+    assertion: &str,
+    form_client_id: Option<&String>,
+) -> Result<AuthenticatedClient, OAuthError> {
     let fail = || OAuthError::invalid_client("client assertion rejected");
     let header = jsonwebtoken::decode_header(assertion).map_err(|_| fail())?;
     if !ASSERTION_ALGS.contains(&header.alg) {
@@ -180,7 +254,11 @@ async fn verify_assertion(state: &AppState, assertion: &str, form_client_id: Opt
         (_, Some(s)) => s,
         _ => return Err(fail()),
     };
-    let client = db::policy::client(&state.db, &client_id).await.ok().flatten().ok_or_else(fail)?;
+    let client = db::policy::client(&state.db, &client_id)
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(fail)?;
     let jwks: jsonwebtoken::jwk::JwkSet = client
         .jwks
         .clone()
@@ -196,7 +274,10 @@ async fn verify_assertion(state: &AppState, assertion: &str, form_client_id: Opt
     let mut v = Validation::new(header.alg);
     v.set_issuer(&[&client_id]);
     v.sub = Some(client_id.clone());
-    v.set_audience(&[format!("{}/oauth/token", state.settings.issuer), state.settings.issuer.clone()]);
+    v.set_audience(&[
+        format!("{}/oauth/token", state.settings.issuer),
+        state.settings.issuer.clone(),
+    ]);
     v.set_required_spec_claims(&["exp", "iss", "sub", "aud"]);
     v.leeway = 5;
     let data = jsonwebtoken::decode::<Value>(assertion, &key, &v).map_err(|_| fail())?;
@@ -204,11 +285,18 @@ async fn verify_assertion(state: &AppState, assertion: &str, form_client_id: Opt
     if exp - Utc::now().timestamp() > MAX_ASSERTION_LIFETIME_SECS {
         return Err(fail());
     }
-    let jti = data.claims.get("jti").and_then(Value::as_str).ok_or_else(fail)?;
+    let jti = data
+        .claims
+        .get("jti")
+        .and_then(Value::as_str)
+        .ok_or_else(fail)?;
     if !state.replay.first_use(&format!("{client_id}:{jti}"), exp) {
         return Err(fail());
     }
-    Ok(AuthenticatedClient { client_id: client.client_id, agent: client.agent })
+    Ok(AuthenticatedClient {
+        client_id: client.client_id,
+        agent: client.agent,
+    })
 }
 
 /// Narrows the agent's live grants by a requested `scope` (`tools:search tools:weather__current`).
@@ -237,29 +325,62 @@ pub fn narrow(grants: &[GrantTarget], scope: Option<&str>) -> Result<Vec<GrantTa
     Ok(out)
 }
 
-async fn token(State(state): State<AppState>, headers: HeaderMap, Form(form): Form<HashMap<String, String>>) -> Response {
+async fn token(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<HashMap<String, String>>,
+) -> Response {
     match issue_token(&state, &headers, &form).await {
-        Ok(body) => (StatusCode::OK, [(header::CACHE_CONTROL, "no-store"), (header::PRAGMA, "no-cache")], Json(body)).into_response(),
+        Ok(body) => (
+            StatusCode::OK,
+            [
+                (header::CACHE_CONTROL, "no-store"),
+                (header::PRAGMA, "no-cache"),
+            ],
+            Json(body),
+        )
+            .into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-async fn issue_token(state: &AppState, headers: &HeaderMap, form: &HashMap<String, String>) -> Result<Value, OAuthError> {
+async fn issue_token(
+    state: &AppState,
+    headers: &HeaderMap,
+    form: &HashMap<String, String>,
+) -> Result<Value, OAuthError> {
     let client = authenticate_client(state, headers, form).await?;
     match form.get("grant_type").map(String::as_str) {
         Some("client_credentials") => {}
         Some(other) => {
-            return Err(OAuthError::new(StatusCode::BAD_REQUEST, "unsupported_grant_type", format!("grant_type `{other}` is not supported; use client_credentials")));
+            return Err(OAuthError::new(
+                StatusCode::BAD_REQUEST,
+                "unsupported_grant_type",
+                format!("grant_type `{other}` is not supported; use client_credentials"),
+            ));
         }
-        None => return Err(OAuthError::new(StatusCode::BAD_REQUEST, "invalid_request", "grant_type is required")),
+        None => {
+            return Err(OAuthError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "grant_type is required",
+            ));
+        }
     }
     if let Some(resource) = form.get("resource")
         && resource.trim_end_matches('/') != state.settings.audience
     {
-        return Err(OAuthError::new(StatusCode::BAD_REQUEST, "invalid_target", format!("resource must be {}", state.settings.audience)));
+        return Err(OAuthError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_target",
+            format!("resource must be {}", state.settings.audience),
+        ));
     }
     let snapshot = state.policy.load();
-    let grants = snapshot.agent(&client.agent).map(|a| a.grants.clone()).unwrap_or_default();
+    let grants = snapshot
+        .agent(&client.agent)
+        .map(|a| a.grants.clone())
+        .unwrap_or_default();
     drop(snapshot);
     let prefixes = narrow(&grants, form.get("scope").map(String::as_str))
         .map_err(|e| OAuthError::new(StatusCode::BAD_REQUEST, "invalid_scope", e))?;
@@ -267,10 +388,28 @@ async fn issue_token(state: &AppState, headers: &HeaderMap, form: &HashMap<Strin
         .await
         .ok()
         .flatten()
-        .ok_or_else(|| OAuthError::new(StatusCode::SERVICE_UNAVAILABLE, "temporarily_unavailable", "no signing key"))?;
-    let claims = AccessClaims::new(&state.settings.issuer, &state.settings.audience, &client.agent, &client.client_id, &prefixes, state.settings.token_ttl);
-    let jwt = sign(&claims, &key.kid, &key.private_pkcs8)
-        .map_err(|_| OAuthError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "signing failed"))?;
+        .ok_or_else(|| {
+            OAuthError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "temporarily_unavailable",
+                "no signing key",
+            )
+        })?;
+    let claims = AccessClaims::new(
+        &state.settings.issuer,
+        &state.settings.audience,
+        &client.agent,
+        &client.client_id,
+        &prefixes,
+        state.settings.token_ttl,
+    );
+    let jwt = sign(&claims, &key.kid, &key.private_pkcs8).map_err(|_| {
+        OAuthError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "signing failed",
+        )
+    })?;
     tracing::info!(agent = %client.agent, client_id = %client.client_id, jti = %claims.jti, "access token issued");
     Ok(json!({
         "access_token": jwt,
@@ -293,46 +432,82 @@ fn decode_ours(state: &AppState, token: &str, check_exp: bool) -> Option<AccessC
     v.set_issuer(&[&state.settings.issuer]);
     v.set_audience(&[&state.settings.audience]);
     v.validate_exp = check_exp;
-    jsonwebtoken::decode::<AccessClaims>(token, &DecodingKey::from_ed_der(key), &v).ok().map(|d| d.claims)
+    jsonwebtoken::decode::<AccessClaims>(token, &DecodingKey::from_ed_der(key), &v)
+        .ok()
+        .map(|d| d.claims)
 }
 
-async fn revoke(State(state): State<AppState>, headers: HeaderMap, Form(form): Form<HashMap<String, String>>) -> Response {
+async fn revoke(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<HashMap<String, String>>,
+) -> Response {
     let client = match authenticate_client(&state, &headers, &form).await {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
     let Some(token) = form.get("token") else {
-        return OAuthError::new(StatusCode::BAD_REQUEST, "invalid_request", "token is required").into_response();
+        return OAuthError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "token is required",
+        )
+        .into_response();
     };
     // RFC 7009 §2.2: an invalid or foreign token is answered 200 all the same.
     if let Some(claims) = decode_ours(&state, token, false)
         && claims.client_id == client.client_id
         && let Ok(jti) = uuid::Uuid::parse_str(&claims.jti)
     {
-        let expires = Utc.timestamp_opt(claims.exp, 0).single().unwrap_or_else(Utc::now);
-        let result = async {
-            let mut tx = state.db.begin().await?;
-            db::policy::revoke(&mut tx, &format!("client:{}", client.client_id), jti, expires).await?;
-            tx.commit().await
-        }
-        .await;
-        if let Err(e) = result {
+        let expires = Utc
+            .timestamp_opt(claims.exp, 0)
+            .single()
+            .unwrap_or_else(Utc::now);
+        if let Err(e) = crate::service::revoke_jti(
+            &state,
+            &format!("client:{}", client.client_id),
+            jti,
+            expires,
+        )
+        .await
+        {
             tracing::error!(error = %e, "recording a revocation failed");
-            return OAuthError::new(StatusCode::SERVICE_UNAVAILABLE, "temporarily_unavailable", "try again").into_response();
+            return OAuthError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "temporarily_unavailable",
+                "try again",
+            )
+            .into_response();
         }
         tracing::info!(jti = %jti, client_id = %client.client_id, "access token revoked");
     }
     (StatusCode::OK, [(header::CACHE_CONTROL, "no-store")]).into_response()
 }
 
-async fn introspect(State(state): State<AppState>, headers: HeaderMap, Form(form): Form<HashMap<String, String>>) -> Response {
+async fn introspect(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<HashMap<String, String>>,
+) -> Response {
     if !crate::api::is_admin_token(&state, &headers) {
-        return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], Json(json!({"error": "invalid_client"}))).into_response();
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            Json(json!({"error": "invalid_client"})),
+        )
+            .into_response();
     }
     let inactive = Json(json!({"active": false})).into_response();
-    let Some(token) = form.get("token") else { return inactive };
+    let Some(token) = form.get("token") else {
+        return inactive;
+    };
     let snapshot = state.policy.load();
-    match crate::auth::token::verify(token, &snapshot, &state.settings.issuer, &state.settings.audience) {
+    match crate::auth::token::verify(
+        token,
+        &snapshot,
+        &state.settings.issuer,
+        &state.settings.audience,
+    ) {
         Ok((_, c)) => Json(json!({
             "active": true,
             "token_type": "Bearer",
@@ -346,7 +521,14 @@ async fn introspect(State(state): State<AppState>, headers: HeaderMap, Form(form
 }
 
 fn scopes_supported(state: &AppState) -> Vec<String> {
-    state.policy.load().catalog.group_names().into_iter().map(|g| format!("tools:{g}")).collect()
+    state
+        .policy
+        .load()
+        .catalog
+        .group_names()
+        .into_iter()
+        .map(|g| format!("tools:{g}"))
+        .collect()
 }
 
 async fn as_metadata(State(state): State<AppState>) -> Json<Value> {
@@ -402,8 +584,14 @@ mod tests {
     fn scope_narrows_but_never_widens() {
         let grants = [g("search"), g("weather__current")];
         assert_eq!(narrow(&grants, None).unwrap(), grants.to_vec());
-        assert_eq!(narrow(&grants, Some("tools:search")).unwrap(), vec![g("search")]);
-        assert_eq!(narrow(&grants, Some("tools:search__query")).unwrap(), vec![g("search__query")]);
+        assert_eq!(
+            narrow(&grants, Some("tools:search")).unwrap(),
+            vec![g("search")]
+        );
+        assert_eq!(
+            narrow(&grants, Some("tools:search__query")).unwrap(),
+            vec![g("search__query")]
+        );
         assert!(narrow(&grants, Some("tools:weather")).is_err());
         assert!(narrow(&grants, Some("admin")).is_err());
     }

@@ -62,7 +62,8 @@ impl AgentFile {
                 l.match_indices(value).any(|(i, _)| {
                     let before = l[..i].chars().last();
                     let after = l[i + value.len()..].chars().next();
-                    !before.is_some_and(crate::pool::is_name_char) && !after.is_some_and(crate::pool::is_name_char)
+                    !before.is_some_and(crate::pool::is_name_char)
+                        && !after.is_some_and(crate::pool::is_name_char)
                 })
             })
             .map(|i| i + 2)
@@ -83,7 +84,11 @@ impl AgentFile {
             .front
             .rate_limit
             .iter()
-            .map(|l| RateLimitRecord { pattern: None, per_second: l.per_second, burst: l.burst })
+            .map(|l| RateLimitRecord {
+                pattern: None,
+                per_second: l.per_second,
+                burst: l.burst,
+            })
             .collect();
         out.extend(self.front.tool_limits.iter().map(|(p, l)| RateLimitRecord {
             pattern: Some(p.clone()),
@@ -133,12 +138,17 @@ struct GroupEntry {
 
 fn shown(dir: &Path, path: &Path) -> String {
     let base = dir.parent().unwrap_or(dir);
-    path.strip_prefix(base).unwrap_or(path).display().to_string()
+    path.strip_prefix(base)
+        .unwrap_or(path)
+        .display()
+        .to_string()
 }
 
 /// Splits `---\n<yaml>\n---\n<body>`.
 fn split_front_matter(text: &str) -> Option<(&str, &str)> {
-    let rest = text.strip_prefix("---\n").or_else(|| text.strip_prefix("---\r\n"))?;
+    let rest = text
+        .strip_prefix("---\n")
+        .or_else(|| text.strip_prefix("---\r\n"))?;
     let mut offset = 0;
     for line in rest.split_inclusive('\n') {
         if line.trim_end() == "---" {
@@ -158,16 +168,32 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
     let mut out = PolicyDir::default();
     let agents_dir = dir.join("agents");
     let mut folders: Vec<PathBuf> = std::fs::read_dir(&agents_dir)
-        .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_dir()).collect())
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect()
+        })
         .unwrap_or_default();
     folders.sort();
     for folder in folders {
-        let name = folder.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        let name = folder
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
         let path = folder.join("agent.md");
         let file = shown(dir, &path);
-        let problem = |line: usize, message: String| Problem { file: file.clone(), line, message };
+        let problem = |line: usize, message: String| Problem {
+            file: file.clone(),
+            line,
+            message,
+        };
         if name.is_empty() || name.len() > 64 || !name.chars().all(crate::pool::is_name_char) {
-            problems.push(problem(1, format!("agent folder name `{name}` must be 1-64 letters, digits, `_`, `.` or `-`")));
+            problems.push(problem(
+                1,
+                format!("agent folder name `{name}` must be 1-64 letters, digits, `_`, `.` or `-`"),
+            ));
             continue;
         }
         let text = match std::fs::read_to_string(&path) {
@@ -178,7 +204,10 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
             }
         };
         let Some((yaml, body)) = split_front_matter(&text) else {
-            problems.push(problem(1, "agent.md must start with YAML front matter between `---` lines".into()));
+            problems.push(problem(
+                1,
+                "agent.md must start with YAML front matter between `---` lines".into(),
+            ));
             continue;
         };
         let front: FrontMatter = if yaml.trim().is_empty() {
@@ -204,16 +233,27 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
     let groups_path = dir.join("groups.yaml");
     if groups_path.is_file() {
         let file = shown(dir, &groups_path);
-        match std::fs::read_to_string(&groups_path).map_err(|e| e.to_string()).and_then(|t| {
-            serde_yaml::from_str::<GroupsFile>(&t).map_err(|e| {
-                format!("{}invalid groups.yaml: {e}", e.location().map(|l| format!("@{}@", l.line())).unwrap_or_default())
-            })
-        }) {
+        match std::fs::read_to_string(&groups_path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| {
+                serde_yaml::from_str::<GroupsFile>(&t).map_err(|e| {
+                    format!(
+                        "{}invalid groups.yaml: {e}",
+                        e.location()
+                            .map(|l| format!("@{}@", l.line()))
+                            .unwrap_or_default()
+                    )
+                })
+            }) {
             Ok(g) => {
                 out.groups = g
                     .groups
                     .into_iter()
-                    .map(|(name, e)| GroupMeta { name, description: e.description, owner: e.owner })
+                    .map(|(name, e)| GroupMeta {
+                        name,
+                        description: e.description,
+                        owner: e.owner,
+                    })
                     .collect();
             }
             Err(msg) => {
@@ -221,7 +261,11 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
                     Some((l, m)) => (l.parse().unwrap_or(1), m.to_owned()),
                     None => (1, msg),
                 };
-                problems.push(Problem { file, line, message: msg });
+                problems.push(Problem {
+                    file,
+                    line,
+                    message: msg,
+                });
             }
         }
     }
@@ -238,7 +282,11 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
         let mut seen = BTreeSet::new();
         for grant in &agent.front.tools {
             let line = agent.line_of(grant);
-            let at = |message: String| Problem { file: agent.file.clone(), line, message };
+            let at = |message: String| Problem {
+                file: agent.file.clone(),
+                line,
+                message,
+            };
             if !seen.insert(grant.as_str()) {
                 problems.push(at(format!("grant `{grant}` is listed twice")));
                 continue;
@@ -252,10 +300,15 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
                             None => String::new(),
                         };
                         let what = match &t {
-                            GrantTarget::Group(g) if !groups.contains(g) => format!("unknown group `{g}`"),
+                            GrantTarget::Group(g) if !groups.contains(g) => {
+                                format!("unknown group `{g}`")
+                            }
                             _ => format!("grant `{grant}` matches no tool"),
                         };
-                        problems.push(at(format!("{what}: agent `{}` gets nothing from it{hint}", agent.name)));
+                        problems.push(at(format!(
+                            "{what}: agent `{}` gets nothing from it{hint}",
+                            agent.name
+                        )));
                     }
                     targets.push(t);
                 }
@@ -265,7 +318,10 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
             problems.push(Problem {
                 file: agent.file.clone(),
                 line: agent.line_of("tools"),
-                message: format!("agent `{}` sees no tools at all: every grant matches nothing", agent.name),
+                message: format!(
+                    "agent `{}` sees no tools at all: every grant matches nothing",
+                    agent.name
+                ),
             });
         }
         for pin in &agent.front.pinned {
@@ -277,7 +333,7 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
                 });
             }
         }
-        for (pattern, _) in &agent.front.tool_limits {
+        for pattern in agent.front.tool_limits.keys() {
             if GrantTarget::parse(pattern).is_err() {
                 problems.push(Problem {
                     file: agent.file.clone(),
@@ -286,7 +342,12 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
                 });
             }
         }
-        for l in agent.front.rate_limit.iter().chain(agent.front.tool_limits.values()) {
+        for l in agent
+            .front
+            .rate_limit
+            .iter()
+            .chain(agent.front.tool_limits.values())
+        {
             if l.per_second == 0 || l.burst == 0 {
                 problems.push(Problem {
                     file: agent.file.clone(),
@@ -298,8 +359,15 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
     }
     for g in &policies.groups {
         if !groups.contains(&g.name) {
-            let hint = super::suggestions(&g.name, catalog).first().map(|s| format!("; did you mean `{s}`?")).unwrap_or_default();
-            problems.push(Problem { file: "policies/groups.yaml".into(), line: 1, message: format!("unknown group `{}`{hint}", g.name) });
+            let hint = super::suggestions(&g.name, catalog)
+                .first()
+                .map(|s| format!("; did you mean `{s}`?"))
+                .unwrap_or_default();
+            problems.push(Problem {
+                file: "policies/groups.yaml".into(),
+                line: 1,
+                message: format!("unknown group `{}`{hint}", g.name),
+            });
         }
     }
     problems
@@ -308,24 +376,57 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
 /// One change `apply` makes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change {
-    CreateAgent { name: String, settings: AgentSettings },
-    UpdateAgent { name: String, before: AgentSettings, after: AgentSettings },
-    DeleteAgent { name: String },
-    AddGrant { agent: String, target: String },
-    RemoveGrant { agent: String, target: String },
-    SetLimits { agent: String, before: Vec<RateLimitRecord>, after: Vec<RateLimitRecord> },
-    SetGroup { before: Option<GroupMeta>, after: GroupMeta },
-    DeleteGroup { name: String },
+    CreateAgent {
+        name: String,
+        settings: AgentSettings,
+    },
+    UpdateAgent {
+        name: String,
+        before: AgentSettings,
+        after: AgentSettings,
+    },
+    DeleteAgent {
+        name: String,
+    },
+    AddGrant {
+        agent: String,
+        target: String,
+    },
+    RemoveGrant {
+        agent: String,
+        target: String,
+    },
+    SetLimits {
+        agent: String,
+        before: Vec<RateLimitRecord>,
+        after: Vec<RateLimitRecord>,
+    },
+    SetGroup {
+        before: Option<GroupMeta>,
+        after: GroupMeta,
+    },
+    DeleteGroup {
+        name: String,
+    },
 }
 
 impl fmt::Display for Change {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Change::CreateAgent { name, .. } => write!(f, "+ agent {name}"),
-            Change::UpdateAgent { name, before, after } => {
+            Change::UpdateAgent {
+                name,
+                before,
+                after,
+            } => {
                 write!(f, "~ agent {name}")?;
                 if before.discovery != after.discovery {
-                    write!(f, " discovery {} -> {}", before.discovery.as_str(), after.discovery.as_str())?;
+                    write!(
+                        f,
+                        " discovery {} -> {}",
+                        before.discovery.as_str(),
+                        after.discovery.as_str()
+                    )?;
                 }
                 if before.description != after.description {
                     write!(f, " description")?;
@@ -338,17 +439,29 @@ impl fmt::Display for Change {
                 }
                 Ok(())
             }
-            Change::DeleteAgent { name } => write!(f, "- agent {name} (with its grants, limits and clients)"),
+            Change::DeleteAgent { name } => {
+                write!(f, "- agent {name} (with its grants, limits and clients)")
+            }
             Change::AddGrant { agent, target } => write!(f, "+ grant {agent} -> {target}"),
             Change::RemoveGrant { agent, target } => write!(f, "- grant {agent} -> {target}"),
             Change::SetLimits { agent, after, .. } => {
                 let parts: Vec<String> = after
                     .iter()
-                    .map(|l| format!("{}: {}/s burst {}", l.pattern.as_deref().unwrap_or("*"), l.per_second, l.burst))
+                    .map(|l| {
+                        format!(
+                            "{}: {}/s burst {}",
+                            l.pattern.as_deref().unwrap_or("*"),
+                            l.per_second,
+                            l.burst
+                        )
+                    })
                     .collect();
                 write!(f, "~ rate limits {agent}: [{}]", parts.join(", "))
             }
-            Change::SetGroup { before: None, after } => write!(f, "+ group {}", after.name),
+            Change::SetGroup {
+                before: None,
+                after,
+            } => write!(f, "+ group {}", after.name),
             Change::SetGroup { after, .. } => write!(f, "~ group {}", after.name),
             Change::DeleteGroup { name } => write!(f, "- group {name}"),
         }
@@ -356,13 +469,19 @@ impl fmt::Display for Change {
 }
 
 fn settings_of(a: &AgentRecord) -> AgentSettings {
-    AgentSettings { description: a.description.clone(), notes: a.notes.clone(), discovery: a.discovery, pinned: a.pinned.clone() }
+    AgentSettings {
+        description: a.description.clone(),
+        notes: a.notes.clone(),
+        discovery: a.discovery,
+        pinned: a.pinned.clone(),
+    }
 }
 
 /// The changes that make the database (`agents`, `groups`) match the folder.
 pub fn plan(policies: &PolicyDir, agents: &[AgentRecord], groups: &[GroupMeta]) -> Vec<Change> {
     let mut changes = Vec::new();
-    let current: BTreeMap<&str, &AgentRecord> = agents.iter().map(|a| (a.name.as_str(), a)).collect();
+    let current: BTreeMap<&str, &AgentRecord> =
+        agents.iter().map(|a| (a.name.as_str(), a)).collect();
     let wanted: BTreeSet<&str> = policies.agents.iter().map(|a| a.name.as_str()).collect();
     for file in &policies.agents {
         let settings = file.settings();
@@ -370,52 +489,85 @@ pub fn plan(policies: &PolicyDir, agents: &[AgentRecord], groups: &[GroupMeta]) 
         let limits = file.limits();
         match current.get(file.name.as_str()) {
             None => {
-                changes.push(Change::CreateAgent { name: file.name.clone(), settings });
+                changes.push(Change::CreateAgent {
+                    name: file.name.clone(),
+                    settings,
+                });
                 for t in &wanted_grants {
-                    changes.push(Change::AddGrant { agent: file.name.clone(), target: (*t).to_owned() });
+                    changes.push(Change::AddGrant {
+                        agent: file.name.clone(),
+                        target: (*t).to_owned(),
+                    });
                 }
                 if !limits.is_empty() {
-                    changes.push(Change::SetLimits { agent: file.name.clone(), before: Vec::new(), after: limits });
+                    changes.push(Change::SetLimits {
+                        agent: file.name.clone(),
+                        before: Vec::new(),
+                        after: limits,
+                    });
                 }
             }
             Some(record) => {
                 let before = settings_of(record);
                 if before != settings {
-                    changes.push(Change::UpdateAgent { name: file.name.clone(), before, after: settings });
+                    changes.push(Change::UpdateAgent {
+                        name: file.name.clone(),
+                        before,
+                        after: settings,
+                    });
                 }
-                let have: BTreeSet<&str> = record.grants.iter().map(|g| g.target.as_str()).collect();
+                let have: BTreeSet<&str> =
+                    record.grants.iter().map(|g| g.target.as_str()).collect();
                 for t in wanted_grants.difference(&have) {
-                    changes.push(Change::AddGrant { agent: file.name.clone(), target: (*t).to_owned() });
+                    changes.push(Change::AddGrant {
+                        agent: file.name.clone(),
+                        target: (*t).to_owned(),
+                    });
                 }
                 for t in have.difference(&wanted_grants) {
-                    changes.push(Change::RemoveGrant { agent: file.name.clone(), target: (*t).to_owned() });
+                    changes.push(Change::RemoveGrant {
+                        agent: file.name.clone(),
+                        target: (*t).to_owned(),
+                    });
                 }
                 let mut have_limits = record.limits.clone();
                 let mut want_limits = limits.clone();
                 have_limits.sort_by(|a, b| a.pattern.cmp(&b.pattern));
                 want_limits.sort_by(|a, b| a.pattern.cmp(&b.pattern));
                 if have_limits != want_limits {
-                    changes.push(Change::SetLimits { agent: file.name.clone(), before: record.limits.clone(), after: limits });
+                    changes.push(Change::SetLimits {
+                        agent: file.name.clone(),
+                        before: record.limits.clone(),
+                        after: limits,
+                    });
                 }
             }
         }
     }
     for a in agents {
         if !wanted.contains(a.name.as_str()) {
-            changes.push(Change::DeleteAgent { name: a.name.clone() });
+            changes.push(Change::DeleteAgent {
+                name: a.name.clone(),
+            });
         }
     }
-    let current_groups: BTreeMap<&str, &GroupMeta> = groups.iter().map(|g| (g.name.as_str(), g)).collect();
+    let current_groups: BTreeMap<&str, &GroupMeta> =
+        groups.iter().map(|g| (g.name.as_str(), g)).collect();
     for g in &policies.groups {
         match current_groups.get(g.name.as_str()) {
             Some(existing) if *existing == g => {}
-            existing => changes.push(Change::SetGroup { before: existing.map(|e| (*e).clone()), after: g.clone() }),
+            existing => changes.push(Change::SetGroup {
+                before: existing.map(|e| (*e).clone()),
+                after: g.clone(),
+            }),
         }
     }
     let wanted_groups: BTreeSet<&str> = policies.groups.iter().map(|g| g.name.as_str()).collect();
     for g in groups {
         if !wanted_groups.contains(g.name.as_str()) {
-            changes.push(Change::DeleteGroup { name: g.name.clone() });
+            changes.push(Change::DeleteGroup {
+                name: g.name.clone(),
+            });
         }
     }
     changes
@@ -442,7 +594,14 @@ pub enum ApplyError {
 }
 
 /// Makes the database match the folder in one transaction.
-pub async fn apply_dir(pool: &PgPool, dir: &Path, catalog: &Catalog, actor: &str, dry_run: bool, strict: bool) -> Result<ApplyReport, ApplyError> {
+pub async fn apply_dir(
+    pool: &PgPool,
+    dir: &Path,
+    catalog: &Catalog,
+    actor: &str,
+    dry_run: bool,
+    strict: bool,
+) -> Result<ApplyReport, ApplyError> {
     let (policies, syntax) = read_dir(dir);
     if !syntax.is_empty() {
         return Err(ApplyError::Invalid(syntax));
@@ -453,7 +612,9 @@ pub async fn apply_dir(pool: &PgPool, dir: &Path, catalog: &Catalog, actor: &str
     }
     let mut tx = pool.begin().await?;
     // One apply at a time; a concurrent one would compute its diff from a stale read.
-    sqlx::query("SELECT pg_advisory_xact_lock(7470112)").execute(&mut *tx).await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(7470112)")
+        .execute(&mut *tx)
+        .await?;
     let state = db::policy::load_state(pool).await?;
     let groups = db::policy::groups(&mut tx).await?;
     let changes = plan(&policies, &state.agents, &groups);
@@ -463,7 +624,11 @@ pub async fn apply_dir(pool: &PgPool, dir: &Path, catalog: &Catalog, actor: &str
                 Change::CreateAgent { name, settings } => {
                     db::policy::create_agent(&mut tx, actor, name, settings).await?;
                 }
-                Change::UpdateAgent { name, before, after } => db::policy::update_agent(&mut tx, actor, name, before, after).await?,
+                Change::UpdateAgent {
+                    name,
+                    before,
+                    after,
+                } => db::policy::update_agent(&mut tx, actor, name, before, after).await?,
                 Change::DeleteAgent { name } => {
                     db::policy::delete_agent(&mut tx, actor, name).await?;
                 }
@@ -473,8 +638,14 @@ pub async fn apply_dir(pool: &PgPool, dir: &Path, catalog: &Catalog, actor: &str
                 Change::RemoveGrant { agent, target } => {
                     db::policy::remove_grant(&mut tx, actor, agent, target).await?;
                 }
-                Change::SetLimits { agent, before, after } => db::policy::set_limits(&mut tx, actor, agent, before, after).await?,
-                Change::SetGroup { before, after } => db::policy::upsert_group(&mut tx, actor, before.as_ref(), after).await?,
+                Change::SetLimits {
+                    agent,
+                    before,
+                    after,
+                } => db::policy::set_limits(&mut tx, actor, agent, before, after).await?,
+                Change::SetGroup { before, after } => {
+                    db::policy::upsert_group(&mut tx, actor, before.as_ref(), after).await?
+                }
                 Change::DeleteGroup { name } => {
                     db::policy::delete_group(&mut tx, actor, name).await?;
                 }
@@ -482,7 +653,11 @@ pub async fn apply_dir(pool: &PgPool, dir: &Path, catalog: &Catalog, actor: &str
         }
         tx.commit().await?;
     }
-    Ok(ApplyReport { changes, warnings, applied: !dry_run })
+    Ok(ApplyReport {
+        changes,
+        warnings,
+        applied: !dry_run,
+    })
 }
 
 /// Writes the database as policy files that `apply` turns into no change.
@@ -496,7 +671,10 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
         let mut tool_limits = BTreeMap::new();
         let mut rate_limit = None;
         for l in &a.limits {
-            let limit = Limit { per_second: l.per_second, burst: l.burst };
+            let limit = Limit {
+                per_second: l.per_second,
+                burst: l.burst,
+            };
             match &l.pattern {
                 None => rate_limit = Some(limit),
                 Some(p) => {
@@ -531,7 +709,15 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
     } else {
         let map: BTreeMap<String, GroupEntry> = groups
             .into_iter()
-            .map(|g| (g.name, GroupEntry { description: g.description, owner: g.owner }))
+            .map(|g| {
+                (
+                    g.name,
+                    GroupEntry {
+                        description: g.description,
+                        owner: g.owner,
+                    },
+                )
+            })
             .collect();
         #[derive(Serialize)]
         struct Out {

@@ -165,7 +165,8 @@ mod tests {
     }
 
     fn name() -> impl Strategy<Value = String> {
-        "[a-z][a-z0-9_.-]{0,8}".prop_filter("no separator", |s| !s.contains("__") && !s.ends_with('_'))
+        "[a-z][a-z0-9_.-]{0,8}"
+            .prop_filter("no separator", |s| !s.contains("__") && !s.ends_with('_'))
     }
 
     proptest! {

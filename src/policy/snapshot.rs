@@ -184,7 +184,12 @@ impl PolicySnapshot {
                     .collect();
                 (
                     a.name.clone(),
-                    Arc::new(AgentView { record: a.clone(), grants, grant_matches, visible }),
+                    Arc::new(AgentView {
+                        record: a.clone(),
+                        grants,
+                        grant_matches,
+                        visible,
+                    }),
                 )
             })
             .collect();
@@ -231,7 +236,9 @@ impl PolicySnapshot {
 
     /// The tools `principal` may see, in name order.
     pub fn visible(&self, principal: &Principal) -> Vec<Arc<Tool>> {
-        let Some(agent) = self.agents.get(&principal.agent) else { return Vec::new() };
+        let Some(agent) = self.agents.get(&principal.agent) else {
+            return Vec::new();
+        };
         agent
             .visible
             .iter()
@@ -252,12 +259,18 @@ impl PolicySnapshot {
 
     /// Number of grants that match no tool, across all agents.
     pub fn zero_match_grant_count(&self) -> usize {
-        self.agents.values().map(|a| a.zero_match_grants().count()).sum()
+        self.agents
+            .values()
+            .map(|a| a.zero_match_grants().count())
+            .sum()
     }
 
     /// Number of agents whose grants match no tool at all.
     pub fn agents_without_tools(&self) -> usize {
-        self.agents.values().filter(|a| a.visible.is_empty()).count()
+        self.agents
+            .values()
+            .filter(|a| a.visible.is_empty())
+            .count()
     }
 }
 
@@ -272,7 +285,10 @@ impl Default for PolicyHandle {
     fn default() -> Self {
         Self {
             current: ArcSwap::from_pointee(PolicySnapshot::default()),
-            inputs: Mutex::new((Arc::new(Catalog::default()), Arc::new(PolicyState::default()))),
+            inputs: Mutex::new((
+                Arc::new(Catalog::default()),
+                Arc::new(PolicyState::default()),
+            )),
         }
     }
 }
@@ -285,13 +301,15 @@ impl PolicyHandle {
     pub fn set_catalog(&self, catalog: Arc<Catalog>) {
         let mut inputs = self.inputs.lock().unwrap_or_else(|p| p.into_inner());
         inputs.0 = catalog;
-        self.current.store(Arc::new(PolicySnapshot::build(inputs.0.clone(), &inputs.1)));
+        self.current
+            .store(Arc::new(PolicySnapshot::build(inputs.0.clone(), &inputs.1)));
     }
 
     pub fn set_state(&self, state: PolicyState) {
         let mut inputs = self.inputs.lock().unwrap_or_else(|p| p.into_inner());
         inputs.1 = Arc::new(state);
-        self.current.store(Arc::new(PolicySnapshot::build(inputs.0.clone(), &inputs.1)));
+        self.current
+            .store(Arc::new(PolicySnapshot::build(inputs.0.clone(), &inputs.1)));
     }
 
     pub fn catalog(&self) -> Arc<Catalog> {

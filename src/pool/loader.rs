@@ -11,8 +11,8 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 use super::{
-    Catalog, Execution, GroupStatus, HttpBinding, LoadError, SEPARATOR, ScriptSpec, Tool,
-    ToolName, ToolSource, is_name_char,
+    Catalog, Execution, GroupStatus, HttpBinding, LoadError, SEPARATOR, ScriptSpec, Tool, ToolName,
+    ToolSource, is_name_char,
 };
 
 /// Defaults that apply to every script unless its operation says otherwise.
@@ -71,7 +71,10 @@ pub fn load_pool(dir: &Path, previous: Option<&Catalog>, settings: &LoaderSettin
             .to_owned();
         let loaded = load_group(&folder, &folder_name, settings).and_then(|group_tools| {
             // A name clash with an earlier folder breaks this folder, not the earlier one.
-            if let Some(clash) = group_tools.iter().find(|t| tools.contains_key(t.name.as_str())) {
+            if let Some(clash) = group_tools
+                .iter()
+                .find(|t| tools.contains_key(t.name.as_str()))
+            {
                 let other = match &tools[clash.name.as_str()].source {
                     ToolSource::Script { folder } => folder.clone(),
                     ToolSource::Upstream { upstream } => upstream.clone(),
@@ -148,8 +151,8 @@ pub fn load_group(
     };
     let text = std::fs::read_to_string(folder.join("openapi.json"))
         .map_err(|e| fail(&spec_file, format!("cannot read openapi.json: {e}")))?;
-    let doc: Value = serde_json::from_str(&text)
-        .map_err(|e| fail(&spec_file, format!("invalid JSON: {e}")))?;
+    let doc: Value =
+        serde_json::from_str(&text).map_err(|e| fail(&spec_file, format!("invalid JSON: {e}")))?;
     let version = doc.get("openapi").and_then(Value::as_str).unwrap_or("");
     let is_30 = version.starts_with("3.0");
     if !is_30 && !version.starts_with("3.1") {
@@ -161,12 +164,23 @@ pub fn load_group(
     let group = match doc.get("x-toolgate-group") {
         None => folder_name.to_owned(),
         Some(Value::String(g)) => g.clone(),
-        Some(_) => return Err(fail(&spec_file, "`x-toolgate-group` must be a string".into())),
+        Some(_) => {
+            return Err(fail(
+                &spec_file,
+                "`x-toolgate-group` must be a string".into(),
+            ));
+        }
     };
-    if group.is_empty() || !group.chars().all(is_name_char) || group.contains(SEPARATOR) || group.ends_with('_') {
+    if group.is_empty()
+        || !group.chars().all(is_name_char)
+        || group.contains(SEPARATOR)
+        || group.ends_with('_')
+    {
         return Err(fail(
             &spec_file,
-            format!("group name `{group}` must be letters, digits, `_`, `.` or `-`, without `__` and not ending in `_`"),
+            format!(
+                "group name `{group}` must be letters, digits, `_`, `.` or `-`, without `__` and not ending in `_`"
+            ),
         ));
     }
     let env_allow = match doc.get("x-toolgate-env") {
@@ -175,12 +189,24 @@ pub fn load_group(
             .iter()
             .map(|n| {
                 n.as_str()
-                    .filter(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+                    .filter(|s| {
+                        !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    })
                     .map(str::to_owned)
-                    .ok_or_else(|| fail(&spec_file, format!("`x-toolgate-env` entry {n} is not a variable name")))
+                    .ok_or_else(|| {
+                        fail(
+                            &spec_file,
+                            format!("`x-toolgate-env` entry {n} is not a variable name"),
+                        )
+                    })
             })
             .collect::<Result<_, _>>()?,
-        Some(_) => return Err(fail(&spec_file, "`x-toolgate-env` must be an array of names".into())),
+        Some(_) => {
+            return Err(fail(
+                &spec_file,
+                "`x-toolgate-env` must be an array of names".into(),
+            ));
+        }
     };
     let scripts = scripts_by_stem(folder).map_err(|e| fail(folder_name, e))?;
     let paths = doc
@@ -192,7 +218,10 @@ pub fn load_group(
     let mut seen_ops: HashMap<String, String> = HashMap::new();
     for (path, item) in paths {
         if !path.starts_with('/') {
-            return Err(fail(&spec_file, format!("path `{path}` must start with `/`")));
+            return Err(fail(
+                &spec_file,
+                format!("path `{path}` must start with `/`"),
+            ));
         }
         let item = resolve_refs(item, &doc, is_30, 0).map_err(|e| fail(&spec_file, e))?;
         let shared_params = item.get("parameters").cloned().unwrap_or(json!([]));
@@ -202,7 +231,9 @@ pub fn load_group(
             let op_id = op
                 .get("operationId")
                 .and_then(Value::as_str)
-                .ok_or_else(|| fail(&spec_file, format!("operation {where_} has no operationId")))?;
+                .ok_or_else(|| {
+                    fail(&spec_file, format!("operation {where_} has no operationId"))
+                })?;
             if let Some(other) = seen_ops.insert(op_id.to_owned(), where_.clone()) {
                 return Err(fail(
                     &spec_file,
@@ -216,17 +247,25 @@ pub fn load_group(
                 Some(many) if many.len() > 1 => {
                     return Err(fail(
                         &spec_file,
-                        format!("operationId `{op_id}` matches several scripts: {}", file_list(many)),
+                        format!(
+                            "operationId `{op_id}` matches several scripts: {}",
+                            file_list(many)
+                        ),
                     ));
                 }
                 _ => {
                     return Err(fail(
                         &spec_file,
-                        format!("operationId `{op_id}` has no script: expected a file named `{op_id}` or `{op_id}.<ext>` in the folder"),
+                        format!(
+                            "operationId `{op_id}` has no script: expected a file named `{op_id}` or `{op_id}.<ext>` in the folder"
+                        ),
                     ));
                 }
             };
-            let script_rel = format!("{folder_name}/{}", script.file_name().and_then(|n| n.to_str()).unwrap_or(""));
+            let script_rel = format!(
+                "{folder_name}/{}",
+                script.file_name().and_then(|n| n.to_str()).unwrap_or("")
+            );
             let mode = std::fs::metadata(&script)
                 .map_err(|e| fail(&script_rel, format!("cannot stat script: {e}")))?
                 .permissions()
@@ -242,7 +281,12 @@ pub fn load_group(
             let validator = jsonschema::options()
                 .with_draft(jsonschema::Draft::Draft202012)
                 .build(&Value::Object(schema.clone()))
-                .map_err(|e| fail(&spec_file, format!("operation {where_}: invalid schema: {e}")))?;
+                .map_err(|e| {
+                    fail(
+                        &spec_file,
+                        format!("operation {where_}: invalid schema: {e}"),
+                    )
+                })?;
             let timeout = match op.get("x-toolgate-timeout-ms") {
                 None => settings.default_timeout,
                 Some(v) => match v.as_u64() {
@@ -250,7 +294,9 @@ pub fn load_group(
                     _ => {
                         return Err(fail(
                             &spec_file,
-                            format!("operation {where_}: `x-toolgate-timeout-ms` must be an integer from 1 to {MAX_TIMEOUT_MS}"),
+                            format!(
+                                "operation {where_}: `x-toolgate-timeout-ms` must be an integer from 1 to {MAX_TIMEOUT_MS}"
+                            ),
                         ));
                     }
                 },
@@ -258,15 +304,30 @@ pub fn load_group(
             let ui = match op.get("x-toolgate-ui") {
                 None => None,
                 Some(Value::String(rel)) => {
-                    if rel.split('/').any(|seg| seg == ".." || seg.is_empty()) || rel.starts_with('/') {
-                        return Err(fail(&spec_file, format!("operation {where_}: `x-toolgate-ui` must be a relative path inside the folder")));
+                    if rel.split('/').any(|seg| seg == ".." || seg.is_empty())
+                        || rel.starts_with('/')
+                    {
+                        return Err(fail(
+                            &spec_file,
+                            format!(
+                                "operation {where_}: `x-toolgate-ui` must be a relative path inside the folder"
+                            ),
+                        ));
                     }
                     if !folder.join(rel).is_file() {
-                        return Err(fail(&spec_file, format!("operation {where_}: UI file `{rel}` does not exist")));
+                        return Err(fail(
+                            &spec_file,
+                            format!("operation {where_}: UI file `{rel}` does not exist"),
+                        ));
                     }
                     Some(rel.clone())
                 }
-                Some(_) => return Err(fail(&spec_file, format!("operation {where_}: `x-toolgate-ui` must be a string"))),
+                Some(_) => {
+                    return Err(fail(
+                        &spec_file,
+                        format!("operation {where_}: `x-toolgate-ui` must be a string"),
+                    ));
+                }
             };
             let summary = op.get("summary").and_then(Value::as_str).map(str::to_owned);
             let description = op
@@ -285,14 +346,18 @@ pub fn load_group(
                 description,
                 input_schema: Arc::new(schema),
                 content_hash,
-                source: ToolSource::Script { folder: folder_name.to_owned() },
+                source: ToolSource::Script {
+                    folder: folder_name.to_owned(),
+                },
                 http: Some(binding),
                 exec: Execution::Script(ScriptSpec {
                     script,
                     workdir: folder.to_path_buf(),
                     timeout,
                     env_allow: env_allow.clone(),
-                    slots: Arc::new(tokio::sync::Semaphore::new(settings.max_concurrency_per_tool)),
+                    slots: Arc::new(tokio::sync::Semaphore::new(
+                        settings.max_concurrency_per_tool,
+                    )),
                 }),
                 validator: Arc::new(validator),
                 ui,
@@ -303,12 +368,19 @@ pub fn load_group(
     for (stem, files) in &scripts {
         if !seen_ops.contains_key(stem) {
             for f in files {
-                let executable = std::fs::metadata(f).map(|m| m.permissions().mode() & 0o111 != 0).unwrap_or(false);
+                let executable = std::fs::metadata(f)
+                    .map(|m| m.permissions().mode() & 0o111 != 0)
+                    .unwrap_or(false);
                 if executable {
-                    let rel = format!("{folder_name}/{}", f.file_name().and_then(|n| n.to_str()).unwrap_or(""));
+                    let rel = format!(
+                        "{folder_name}/{}",
+                        f.file_name().and_then(|n| n.to_str()).unwrap_or("")
+                    );
                     return Err(fail(
                         &rel,
-                        format!("executable `{rel}` matches no operationId in openapi.json (unknown operationId `{stem}`)"),
+                        format!(
+                            "executable `{rel}` matches no operationId in openapi.json (unknown operationId `{stem}`)"
+                        ),
                     ));
                 }
             }
@@ -337,11 +409,16 @@ fn scripts_by_stem(folder: &Path) -> Result<BTreeMap<String, Vec<PathBuf>>, Stri
         if !path.is_file() {
             continue;
         }
-        let Some(file_name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+        let Some(file_name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
         if file_name == "openapi.json" || file_name.starts_with('.') {
             continue;
         }
-        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or(file_name);
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or(file_name);
         out.entry(stem.to_owned()).or_default().push(path.clone());
     }
     for files in out.values_mut() {
@@ -361,7 +438,10 @@ fn input_schema(
     let mut properties = Map::new();
     let mut required: Vec<Value> = Vec::new();
     let mut binding = HttpBinding {
-        method: method.to_uppercase().parse().map_err(|_| "bad method".to_owned())?,
+        method: method
+            .to_uppercase()
+            .parse()
+            .map_err(|_| "bad method".to_owned())?,
         path: path.to_owned(),
         path_params: Vec::new(),
         query_params: Vec::new(),
@@ -376,10 +456,18 @@ fn input_schema(
     }
     let mut additional = false;
     for p in params {
-        let name = p.get("name").and_then(Value::as_str).ok_or("a parameter has no name")?;
+        let name = p
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or("a parameter has no name")?;
         let location = p.get("in").and_then(Value::as_str).unwrap_or("");
-        if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-            return Err(format!("parameter name `{name}` must be letters, digits, `_` or `-`"));
+        if !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(format!(
+                "parameter name `{name}` must be letters, digits, `_` or `-`"
+            ));
         }
         let mut schema = p.get("schema").cloned().unwrap_or(json!({}));
         if let (Some(desc), Value::Object(s)) = (p.get("description"), &mut schema) {
@@ -388,7 +476,9 @@ fn input_schema(
         match location {
             "path" => {
                 if !path.contains(&format!("{{{name}}}")) {
-                    return Err(format!("path parameter `{name}` does not appear in `{path}`"));
+                    return Err(format!(
+                        "path parameter `{name}` does not appear in `{path}`"
+                    ));
                 }
                 binding.path_params.push(name.to_owned());
                 required.push(json!(name));
@@ -413,7 +503,9 @@ fn input_schema(
         if let Some(name) = segment.strip_prefix('{').and_then(|s| s.strip_suffix('}'))
             && !binding.path_params.iter().any(|p| p == name)
         {
-            return Err(format!("path template `{path}` names `{name}`, which no parameter declares"));
+            return Err(format!(
+                "path template `{path}` names `{name}`, which no parameter declares"
+            ));
         }
     }
     if let Some(body) = op.get("requestBody") {
@@ -428,7 +520,9 @@ fn input_schema(
         if let Some(props) = schema.get("properties").and_then(Value::as_object) {
             for (name, prop) in props {
                 if properties.contains_key(name) {
-                    return Err(format!("body property `{name}` clashes with a parameter of the same name"));
+                    return Err(format!(
+                        "body property `{name}` clashes with a parameter of the same name"
+                    ));
                 }
                 properties.insert(name.clone(), prop.clone());
                 binding.body_params.push(name.clone());
@@ -437,7 +531,10 @@ fn input_schema(
         if let Some(req) = schema.get("required").and_then(Value::as_array) {
             required.extend(req.iter().cloned());
         }
-        additional = matches!(schema.get("additionalProperties"), Some(Value::Bool(true)) | Some(Value::Object(_)));
+        additional = matches!(
+            schema.get("additionalProperties"),
+            Some(Value::Bool(true)) | Some(Value::Object(_))
+        );
     }
     let mut out = Map::new();
     out.insert("type".into(), json!("object"));
@@ -488,7 +585,12 @@ fn resolve_refs(v: &Value, doc: &Value, is_30: bool, depth: usize) -> Result<Val
     }
 }
 
-fn content_hash(name: &ToolName, description: &Option<String>, schema: &Map<String, Value>, script: &[u8]) -> String {
+fn content_hash(
+    name: &ToolName,
+    description: &Option<String>,
+    schema: &Map<String, Value>,
+    script: &[u8],
+) -> String {
     let mut h = Sha256::new();
     h.update(name.as_str().as_bytes());
     h.update([0]);
@@ -546,7 +648,15 @@ mod tests {
     #[test]
     fn remote_and_cyclic_refs_are_refused() {
         let doc = json!({"a": {"$ref": "#/a"}});
-        assert!(resolve_refs(&json!({"$ref": "https://evil.example/s.json"}), &doc, false, 0).is_err());
+        assert!(
+            resolve_refs(
+                &json!({"$ref": "https://evil.example/s.json"}),
+                &doc,
+                false,
+                0
+            )
+            .is_err()
+        );
         assert!(resolve_refs(&json!({"$ref": "#/a"}), &doc, false, 0).is_err());
     }
 }

@@ -240,6 +240,9 @@ impl Catalog {
     }
 
     pub fn load_errors(&self) -> Vec<LoadError> {
-        self.groups.values().filter_map(|g| g.error.clone()).collect()
+        self.groups
+            .values()
+            .filter_map(|g| g.error.clone())
+            .collect()
     }
 }

@@ -35,7 +35,10 @@ pub enum ScriptOutcome {
     /// Exit 0 and JSON on stdout.
     Success { output: Value, stdout_bytes: usize },
     /// Non-zero exit (or death by signal); stderr is for the caller to read.
-    Failed { exit_code: Option<i32>, stderr: String },
+    Failed {
+        exit_code: Option<i32>,
+        stderr: String,
+    },
     /// Exit 0 but stdout was not JSON.
     InvalidOutput { reason: String, stderr: String },
     /// Stdout grew beyond the cap; the script was killed.
@@ -66,10 +69,16 @@ impl ScriptOutcome {
     pub fn error_message(&self) -> Option<String> {
         Some(match self {
             ScriptOutcome::Success { .. } => return None,
-            ScriptOutcome::Failed { exit_code: Some(code), stderr } => {
+            ScriptOutcome::Failed {
+                exit_code: Some(code),
+                stderr,
+            } => {
                 format!("tool failed with exit code {code}\n{stderr}")
             }
-            ScriptOutcome::Failed { exit_code: None, stderr } => {
+            ScriptOutcome::Failed {
+                exit_code: None,
+                stderr,
+            } => {
                 format!("tool was killed by a signal\n{stderr}")
             }
             ScriptOutcome::InvalidOutput { reason, stderr } => {
@@ -79,7 +88,10 @@ impl ScriptOutcome {
                 format!("tool output exceeded the {limit}-byte limit; it was stopped")
             }
             ScriptOutcome::Timeout { after } => {
-                format!("tool timed out after {} ms; it was stopped", after.as_millis())
+                format!(
+                    "tool timed out after {} ms; it was stopped",
+                    after.as_millis()
+                )
             }
             ScriptOutcome::Busy => "tool is at its concurrency limit; retry shortly".to_owned(),
             ScriptOutcome::SpawnFailed { reason } => format!("tool could not be started: {reason}"),
@@ -104,14 +116,22 @@ pub async fn run(spec: &ScriptSpec, args: &Value, limits: &OutputLimits) -> Scri
         // Its own process group, so a timeout can kill everything the script started.
         .process_group(0)
         .kill_on_drop(true);
-    for name in BASE_ENV.iter().copied().chain(spec.env_allow.iter().map(String::as_str)) {
+    for name in BASE_ENV
+        .iter()
+        .copied()
+        .chain(spec.env_allow.iter().map(String::as_str))
+    {
         if let Ok(value) = std::env::var(name) {
             cmd.env(name, value);
         }
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
-        Err(e) => return ScriptOutcome::SpawnFailed { reason: e.to_string() },
+        Err(e) => {
+            return ScriptOutcome::SpawnFailed {
+                reason: e.to_string(),
+            };
+        }
     };
     let pgid = child.id().map(|id| id as i32);
 
@@ -154,10 +174,16 @@ pub async fn run(spec: &ScriptSpec, args: &Value, limits: &OutputLimits) -> Scri
     writer.abort();
     let status = match status {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => return ScriptOutcome::SpawnFailed { reason: e.to_string() },
+        Ok(Err(e)) => {
+            return ScriptOutcome::SpawnFailed {
+                reason: e.to_string(),
+            };
+        }
         Err(_) => {
             let _ = child.wait().await;
-            return ScriptOutcome::Timeout { after: spec.timeout };
+            return ScriptOutcome::Timeout {
+                after: spec.timeout,
+            };
         }
     };
     let (out, overflow) = stdout_task.await.unwrap_or_default();
@@ -167,7 +193,10 @@ pub async fn run(spec: &ScriptSpec, args: &Value, limits: &OutputLimits) -> Scri
     }
     let stderr_text = String::from_utf8_lossy(&err).into_owned();
     if !status.success() {
-        return ScriptOutcome::Failed { exit_code: status.code(), stderr: stderr_text };
+        return ScriptOutcome::Failed {
+            exit_code: status.code(),
+            stderr: stderr_text,
+        };
     }
     if out.iter().all(u8::is_ascii_whitespace) {
         return ScriptOutcome::InvalidOutput {
@@ -176,7 +205,10 @@ pub async fn run(spec: &ScriptSpec, args: &Value, limits: &OutputLimits) -> Scri
         };
     }
     match serde_json::from_slice::<Value>(&out) {
-        Ok(output) => ScriptOutcome::Success { output, stdout_bytes: out.len() },
+        Ok(output) => ScriptOutcome::Success {
+            output,
+            stdout_bytes: out.len(),
+        },
         Err(e) => ScriptOutcome::InvalidOutput {
             reason: format!("stdout is not JSON ({e})"),
             stderr: stderr_text,
@@ -187,13 +219,18 @@ pub async fn run(spec: &ScriptSpec, args: &Value, limits: &OutputLimits) -> Scri
 fn kill_group(pgid: Option<i32>) {
     if let Some(pgid) = pgid {
         // ESRCH (already gone) is the normal case after a clean exit.
-        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pgid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 
 /// Reads up to `cap` bytes; reports whether the stream had more.
 async fn read_capped<R: AsyncRead + Unpin>(reader: Option<R>, cap: usize) -> (Vec<u8>, bool) {
-    let Some(mut reader) = reader else { return (Vec::new(), false) };
+    let Some(mut reader) = reader else {
+        return (Vec::new(), false);
+    };
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
     loop {
@@ -211,7 +248,9 @@ async fn read_capped<R: AsyncRead + Unpin>(reader: Option<R>, cap: usize) -> (Ve
 
 /// Reads the whole stream but keeps only its last `cap` bytes: a traceback ends at the bottom.
 async fn read_tail<R: AsyncRead + Unpin>(reader: Option<R>, cap: usize) -> Vec<u8> {
-    let Some(mut reader) = reader else { return Vec::new() };
+    let Some(mut reader) = reader else {
+        return Vec::new();
+    };
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 16 * 1024];
     let mut truncated = false;

@@ -24,7 +24,10 @@ pub fn router(state: AppState) -> Router<AppState> {
     Router::new()
         .route("/tools/{*path}", any(call_operation))
         .route("/openapi.json", get(openapi))
-        .layer(axum::middleware::from_fn_with_state(state, crate::http::require_agent))
+        .layer(axum::middleware::from_fn_with_state(
+            state,
+            crate::http::require_agent,
+        ))
 }
 
 fn problem(status: StatusCode, body: Value) -> Response {
@@ -36,7 +39,11 @@ fn not_found() -> Response {
 }
 
 /// Finds the operation a method and path address, with the path parameters it binds.
-fn route<'c>(catalog: &'c Catalog, method: &Method, path: &str) -> Option<(&'c std::sync::Arc<Tool>, Map<String, Value>)> {
+fn route<'c>(
+    catalog: &'c Catalog,
+    method: &Method,
+    path: &str,
+) -> Option<(&'c std::sync::Arc<Tool>, Map<String, Value>)> {
     let rest = path.strip_prefix("/tools/")?;
     let (group, op_path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
@@ -116,17 +123,26 @@ async fn call_operation(
 ) -> Response {
     let (parts, body) = req.into_parts();
     let snapshot = state.policy.load();
-    let Some((tool, path_params)) = route(&snapshot.catalog, &parts.method, parts.uri.path()) else {
+    let Some((tool, path_params)) = route(&snapshot.catalog, &parts.method, parts.uri.path())
+    else {
         return not_found();
     };
     let tool = tool.clone();
     drop(snapshot);
-    let Some(binding) = tool.http.as_ref() else { return not_found() };
-    let props = tool.input_schema.get("properties").and_then(Value::as_object);
+    let Some(binding) = tool.http.as_ref() else {
+        return not_found();
+    };
+    let props = tool
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object);
     let mut args = Map::new();
     let mut twice = Vec::new();
     for (k, v) in path_params {
-        let v = coerce(props.and_then(|p| p.get(&k)), v.as_str().unwrap_or_default().to_owned());
+        let v = coerce(
+            props.and_then(|p| p.get(&k)),
+            v.as_str().unwrap_or_default().to_owned(),
+        );
         args.insert(k, v);
     }
     if let Some(q) = parts.uri.query() {
@@ -149,11 +165,21 @@ async fn call_operation(
     }
     let bytes: Bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(b) => b,
-        Err(_) => return problem(StatusCode::PAYLOAD_TOO_LARGE, json!({"error": format!("request body exceeds {MAX_BODY_BYTES} bytes")})),
+        Err(_) => {
+            return problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                json!({"error": format!("request body exceeds {MAX_BODY_BYTES} bytes")}),
+            );
+        }
     };
     if !bytes.iter().all(u8::is_ascii_whitespace) {
-        if binding.body_params.is_empty() && !matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
-            return problem(StatusCode::BAD_REQUEST, json!({"error": "this operation takes no request body"}));
+        if binding.body_params.is_empty()
+            && !matches!(parts.method, Method::POST | Method::PUT | Method::PATCH)
+        {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                json!({"error": "this operation takes no request body"}),
+            );
         }
         let is_json = parts
             .headers
@@ -161,7 +187,10 @@ async fn call_operation(
             .and_then(|v| v.to_str().ok())
             .is_none_or(|ct| ct.starts_with("application/json"));
         if !is_json {
-            return problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, json!({"error": "the request body must be application/json"}));
+            return problem(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                json!({"error": "the request body must be application/json"}),
+            );
         }
         match serde_json::from_slice::<Value>(&bytes) {
             Ok(Value::Object(body)) => {
@@ -171,8 +200,18 @@ async fn call_operation(
                     }
                 }
             }
-            Ok(_) => return problem(StatusCode::BAD_REQUEST, json!({"error": "the request body must be a JSON object"})),
-            Err(e) => return problem(StatusCode::BAD_REQUEST, json!({"error": format!("the request body is not valid JSON: {e}")})),
+            Ok(_) => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error": "the request body must be a JSON object"}),
+                );
+            }
+            Err(e) => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error": format!("the request body is not valid JSON: {e}")}),
+                );
+            }
         }
     }
     if !twice.is_empty() {
@@ -181,11 +220,20 @@ async fn call_operation(
             json!({"error": "invalid arguments", "violations": twice.iter().map(|k| format!("`{k}` is given more than once")).collect::<Vec<_>>()}),
         );
     }
-    match calls::call(&state, &principal, tool.name.as_str(), Value::Object(args), Surface::Rest).await {
+    match calls::call(
+        &state,
+        &principal,
+        tool.name.as_str(),
+        Value::Object(args),
+        Surface::Rest,
+    )
+    .await
+    {
         Err(CallRefused::UnknownTool(_)) => not_found(),
-        Err(CallRefused::InvalidArguments { violations, .. }) => {
-            problem(StatusCode::BAD_REQUEST, json!({"error": "invalid arguments", "violations": violations}))
-        }
+        Err(CallRefused::InvalidArguments { violations, .. }) => problem(
+            StatusCode::BAD_REQUEST,
+            json!({"error": "invalid arguments", "violations": violations}),
+        ),
         Ok(done) => outcome_response(done.outcome),
     }
 }
@@ -202,10 +250,13 @@ fn outcome_response(outcome: ScriptOutcome) -> Response {
             StatusCode::BAD_GATEWAY,
             json!({"error": format!("the tool printed invalid output: {reason}"), "exit_code": 0, "stderr": stderr}),
         ),
-        ScriptOutcome::OutputTooLarge { .. } | ScriptOutcome::SpawnFailed { .. } => {
-            problem(StatusCode::BAD_GATEWAY, json!({"error": message, "exit_code": null, "stderr": ""}))
+        ScriptOutcome::OutputTooLarge { .. } | ScriptOutcome::SpawnFailed { .. } => problem(
+            StatusCode::BAD_GATEWAY,
+            json!({"error": message, "exit_code": null, "stderr": ""}),
+        ),
+        ScriptOutcome::Timeout { .. } => {
+            problem(StatusCode::GATEWAY_TIMEOUT, json!({"error": message}))
         }
-        ScriptOutcome::Timeout { .. } => problem(StatusCode::GATEWAY_TIMEOUT, json!({"error": message})),
         ScriptOutcome::Busy => (
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::RETRY_AFTER, "1")],
@@ -216,7 +267,10 @@ fn outcome_response(outcome: ScriptOutcome) -> Response {
 }
 
 /// The merged OpenAPI document of the operations the caller may use.
-async fn openapi(State(state): State<AppState>, Extension(principal): Extension<Principal>) -> Response {
+async fn openapi(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+) -> Response {
     let snapshot = state.policy.load();
     let mut paths: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
     for tool in snapshot.visible(&principal) {
@@ -257,9 +311,18 @@ mod tests {
 
     #[test]
     fn query_strings_take_the_schema_type() {
-        assert_eq!(coerce(Some(&json!({"type": "integer"})), "3".into()), json!(3));
-        assert_eq!(coerce(Some(&json!({"type": "integer"})), "x".into()), json!("x"));
-        assert_eq!(coerce(Some(&json!({"type": "boolean"})), "true".into()), json!(true));
+        assert_eq!(
+            coerce(Some(&json!({"type": "integer"})), "3".into()),
+            json!(3)
+        );
+        assert_eq!(
+            coerce(Some(&json!({"type": "integer"})), "x".into()),
+            json!("x")
+        );
+        assert_eq!(
+            coerce(Some(&json!({"type": "boolean"})), "true".into()),
+            json!(true)
+        );
         assert_eq!(coerce(None, "3".into()), json!("3"));
     }
 }

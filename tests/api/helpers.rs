@@ -1,0 +1,266 @@
+//! `TestApp`: the real router over a fresh database, driven in process.
+
+use std::path::{Path, PathBuf};
+
+use axum::Router;
+use axum::body::Body;
+use clap::Parser;
+use http::{Request, StatusCode};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tower::ServiceExt;
+
+use toolgate::app::{AppState, Settings};
+use toolgate::config::{Cli, Command};
+
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
+/// The repository's own example tools and policies.
+pub fn repo_path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+pub struct TestApp {
+    pub state: AppState,
+    pub router: Router,
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: Value,
+    pub text: String,
+}
+
+impl TestApp {
+    /// The example tools and policies, as `toolgate serve` would load them.
+    pub async fn new(pool: PgPool) -> Self {
+        Self::with(pool, &repo_path("tools"), Some(&repo_path("policies")), &[]).await
+    }
+
+    pub async fn with(
+        pool: PgPool,
+        tools: &Path,
+        policies: Option<&Path>,
+        extra_args: &[&str],
+    ) -> Self {
+        let mut args = vec![
+            "toolgate",
+            "serve",
+            "--tools-dir",
+            tools.to_str().unwrap(),
+            "--admin-token",
+            ADMIN_TOKEN,
+        ];
+        args.extend_from_slice(extra_args);
+        let Command::Serve(serve) = Cli::try_parse_from(args).unwrap().command else {
+            unreachable!()
+        };
+        let settings = Settings::from_args(&serve).unwrap();
+        toolgate::oauth::ensure_signing_key(&pool).await.unwrap();
+        if let Some(dir) = policies {
+            let catalog = toolgate::pool::loader::load_pool(tools, None, &settings.loader);
+            toolgate::policy::files::apply_dir(&pool, dir, &catalog, "test", false, false)
+                .await
+                .unwrap();
+        }
+        let state = AppState::new(settings, pool);
+        state.reload_pool();
+        state.reload_policy().await.unwrap();
+        let router = toolgate::app::router(state.clone());
+        Self { state, router }
+    }
+
+    pub async fn send(&self, mut req: Request<Body>) -> Reply {
+        // A real client always sends Host; the MCP transport checks it against the allow-list.
+        if !req.headers().contains_key("host") {
+            req.headers_mut()
+                .insert("host", http::HeaderValue::from_static("127.0.0.1:8787"));
+        }
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Reply {
+            status,
+            headers,
+            body,
+            text,
+        }
+    }
+
+    pub async fn get(&self, uri: &str, token: Option<&str>) -> Reply {
+        let mut req = Request::get(uri);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        self.send(req.body(Body::empty()).unwrap()).await
+    }
+
+    pub async fn post_json(&self, uri: &str, token: Option<&str>, body: Value) -> Reply {
+        let mut req = Request::post(uri).header("content-type", "application/json");
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        self.send(req.body(Body::from(body.to_string())).unwrap())
+            .await
+    }
+
+    pub async fn admin(&self, method: &str, uri: &str, body: Option<Value>) -> Reply {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .header("content-type", "application/json");
+        self.send(
+            req.body(body.map(|b| Body::from(b.to_string())).unwrap_or_default())
+                .unwrap(),
+        )
+        .await
+    }
+
+    /// Creates an OAuth client for `agent` through the admin API.
+    pub async fn client_for(&self, agent: &str) -> (String, String) {
+        let r = self
+            .admin("POST", &format!("/api/v1/agents/{agent}/clients"), None)
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+        (
+            r.body["client_id"].as_str().unwrap().to_owned(),
+            r.body["client_secret"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    pub async fn token_request(&self, form: &[(&str, &str)], basic: Option<(&str, &str)>) -> Reply {
+        let body = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(form)
+            .finish();
+        let mut req = Request::post("/oauth/token")
+            .header("content-type", "application/x-www-form-urlencoded");
+        if let Some((id, secret)) = basic {
+            use base64::Engine;
+            let b = base64::engine::general_purpose::STANDARD.encode(format!("{id}:{secret}"));
+            req = req.header("authorization", format!("Basic {b}"));
+        }
+        self.send(req.body(Body::from(body)).unwrap()).await
+    }
+
+    /// A fresh access token for `agent` (client_secret_basic).
+    pub async fn token_for(&self, agent: &str) -> String {
+        let (id, secret) = self.client_for(agent).await;
+        self.token_with(&id, &secret).await
+    }
+
+    pub async fn token_with(&self, id: &str, secret: &str) -> String {
+        let r = self
+            .token_request(&[("grant_type", "client_credentials")], Some((id, secret)))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        r.body["access_token"].as_str().unwrap().to_owned()
+    }
+
+    /// One JSON-RPC request on /mcp as a legacy (2025-11-25) client, statelessly.
+    pub async fn mcp(&self, token: Option<&str>, method: &str, params: Value) -> Reply {
+        let mut req = Request::post("/mcp")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25");
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        self.send(req.body(Body::from(body.to_string())).unwrap())
+            .await
+    }
+
+    /// Names from `tools/list`, following every cursor.
+    pub async fn tool_names(&self, token: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let params = match &cursor {
+                Some(c) => json!({"cursor": c}),
+                None => json!({}),
+            };
+            let r = self.mcp(Some(token), "tools/list", params).await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+            let result = &r.body["result"];
+            names.extend(
+                result["tools"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t["name"].as_str().unwrap().to_owned()),
+            );
+            match result["nextCursor"].as_str() {
+                Some(c) => cursor = Some(c.to_owned()),
+                None => return names,
+            }
+        }
+    }
+
+    pub async fn call(&self, token: &str, name: &str, args: Value) -> Reply {
+        self.mcp(
+            Some(token),
+            "tools/call",
+            json!({"name": name, "arguments": args}),
+        )
+        .await
+    }
+}
+
+/// Writes a tool group folder: `openapi.json` plus executable scripts.
+pub fn write_group(root: &Path, folder: &str, openapi: &Value, scripts: &[(&str, &str)]) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = root.join(folder);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("openapi.json"),
+        serde_json::to_vec_pretty(openapi).unwrap(),
+    )
+    .unwrap();
+    for (name, body) in scripts {
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+/// A one-operation OpenAPI document: `POST /<op>` with the given body schema.
+pub fn single_op(op: &str, body_schema: Value, extra: Value) -> Value {
+    let mut operation = json!({
+        "operationId": op,
+        "summary": format!("The {op} operation"),
+        "requestBody": {"required": true, "content": {"application/json": {"schema": body_schema}}},
+        "responses": {"200": {"description": "ok"}}
+    });
+    if let (Value::Object(o), Value::Object(e)) = (&mut operation, extra) {
+        o.extend(e);
+    }
+    json!({"openapi": "3.1.0", "info": {"title": op, "version": "1"}, "paths": {format!("/{op}"): {"post": operation}}})
+}
+
+impl TestApp {
+    /// Creates an agent with grants and returns a token for it.
+    pub async fn agent(&self, name: &str, grants: &[&str]) -> String {
+        let r = self
+            .admin("POST", "/api/v1/agents", Some(json!({"name": name})))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+        for g in grants {
+            let r = self
+                .admin(
+                    "POST",
+                    &format!("/api/v1/agents/{name}/grants"),
+                    Some(json!({"target": g})),
+                )
+                .await;
+            assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+        }
+        self.token_for(name).await
+    }
+}

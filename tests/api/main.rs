@@ -1,0 +1,9 @@
+//! Integration tests: the real router over a fresh Postgres database per test.
+
+mod helpers;
+mod mcp;
+mod policy;
+mod reload;
+mod rest;
+mod scripts;
+mod tokens;
