@@ -21,6 +21,5 @@ COPY static ./static
 USER toolgate
 ENV TOOLGATE_BIND=0.0.0.0:8787
 EXPOSE 8787
-HEALTHCHECK --interval=10s --timeout=3s CMD ["toolgate", "--help"]
 ENTRYPOINT ["toolgate"]
 CMD ["serve"]

@@ -69,17 +69,6 @@ CREATE TABLE revoked_tokens (
 );
 CREATE INDEX revoked_tokens_expires_at_idx ON revoked_tokens (expires_at);
 
--- Every control-plane change, written in the same transaction as the change itself.
-CREATE TABLE changes (
-    id            BIGSERIAL PRIMARY KEY,
-    at            TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
-    actor         TEXT NOT NULL,
-    action        TEXT NOT NULL,
-    resource      TEXT NOT NULL,
-    before        JSONB,
-    after         JSONB
-);
-
 -- Every instance rebuilds its policy snapshot when this channel fires.
 CREATE FUNCTION toolgate_notify_policy() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

@@ -31,6 +31,8 @@ pub struct Settings {
     pub allowed_hosts: Vec<String>,
     pub allowed_origins: Vec<String>,
     pub loader: LoaderSettings,
+    pub audit_retention_days: u32,
+    pub token_rate: (u32, u32),
     pub output: OutputLimits,
     /// Names this instance in logs, metrics and the audit log.
     pub instance: String,
@@ -74,11 +76,13 @@ impl Settings {
                 default_timeout: Duration::from_millis(args.script_timeout_ms.max(1)),
                 max_concurrency_per_tool: args.max_concurrency_per_tool.max(1),
             },
+            audit_retention_days: args.audit_retention_days.max(1),
+            token_rate: (args.token_rate_per_ip, args.token_burst_per_ip),
             output: OutputLimits {
                 max_stdout: args.max_stdout_bytes.max(1024),
                 ..OutputLimits::default()
             },
-            instance: format!("{}:{}", hostname(), std::process::id()),
+            instance: crate::audit::instance_name().to_owned(),
         })
     }
 }
@@ -87,17 +91,13 @@ fn origin_of(u: &url::Url) -> String {
     u.origin().ascii_serialization()
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "toolgate".to_owned())
-}
-
 pub struct Inner {
     pub settings: Settings,
     pub db: PgPool,
     pub policy: PolicyHandle,
     pub metrics: Metrics,
+    pub audit: crate::audit::writer::AuditLog,
+    pub limits: crate::limits::RateLimits,
     /// Client-assertion ids already used on this instance.
     pub replay: crate::oauth::ReplayCache,
     /// Serialises pool reloads so two bursts of file events never interleave.
@@ -117,7 +117,13 @@ impl Deref for AppState {
 
 impl AppState {
     pub fn new(settings: Settings, db: PgPool) -> Self {
+        let chain = format!("{}/{}", settings.instance, uuid::Uuid::now_v7());
+        let audit =
+            crate::audit::writer::AuditLog::spawn(db.clone(), chain, settings.instance.clone());
+        let limits = crate::limits::RateLimits::new(settings.token_rate.0, settings.token_rate.1);
         Self(Arc::new(Inner {
+            audit,
+            limits,
             settings,
             db,
             policy: PolicyHandle::default(),
@@ -286,12 +292,16 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .ok()
     };
     {
-        let db = state.db.clone();
+        let state = state.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(600));
             loop {
                 tick.tick().await;
-                let _ = db::policy::prune_revocations(&db).await;
+                let _ = db::policy::prune_revocations(&state.db).await;
+                state.limits.shrink();
+                if let Err(e) = crate::audit::apply_retention(&state).await {
+                    tracing::warn!(error = %e, "audit retention failed");
+                }
             }
         });
     }

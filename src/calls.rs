@@ -1,14 +1,22 @@
-//! The call path every surface shares: decide, validate, run, count.
+//! The call path every surface shares: decide, limit, validate, audit, run, audit.
 //!
 //! MCP `tools/call` and the REST endpoints both come here, so a tool behaves the same
 //! whichever way it is reached: same grants, same validation, same limits, same audit.
+//!
+//! Audit is two rows per call that reaches its tool: `tool.call`/`started` is durable before
+//! the script is spawned, and `tool.result` with the outcome is durable before the caller is
+//! answered. A process killed mid-call therefore leaves the `started` row behind; if the
+//! first row cannot be written, nothing runs (fail closed).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::app::AppState;
+use crate::audit::writer::AuditUnavailable;
+use crate::audit::{AuditEvent, RequestOrigin, kind, redact};
 use crate::policy::snapshot::Principal;
 use crate::pool::runner::{self, ScriptOutcome};
 use crate::pool::{Execution, Tool};
@@ -39,6 +47,10 @@ pub enum CallRefused {
         tool: Arc<Tool>,
         violations: Vec<String>,
     },
+    /// A rate limit is exhausted; retry after this long.
+    RateLimited { retry_after: Duration },
+    /// The audit log cannot record the call, so it was not run.
+    AuditUnavailable(AuditUnavailable),
 }
 
 /// A call that reached the tool.
@@ -49,6 +61,37 @@ pub struct CallDone {
     pub latency: Duration,
 }
 
+fn base_event(
+    event_type: &str,
+    outcome: &str,
+    principal: &Principal,
+    tool: &str,
+    surface: Surface,
+    origin: Option<&RequestOrigin>,
+) -> AuditEvent {
+    let mut e = AuditEvent::new(event_type, outcome).from_origin(origin);
+    e.agent = Some(principal.agent.clone());
+    e.client_id = Some(principal.client_id.clone());
+    e.jti = principal.jti.map(|j| j.to_string());
+    e.tool = Some(tool.to_owned());
+    e.resource = Some(format!("tool:{tool}"));
+    e.details = Some(serde_json::json!({"surface": surface.as_str()}).to_string());
+    e
+}
+
+/// The outcome names the audit log uses.
+fn audit_outcome(o: &ScriptOutcome) -> &'static str {
+    match o {
+        ScriptOutcome::Success { .. } => "success",
+        ScriptOutcome::Failed { .. }
+        | ScriptOutcome::InvalidOutput { .. }
+        | ScriptOutcome::OutputTooLarge { .. }
+        | ScriptOutcome::SpawnFailed { .. } => "tool_error",
+        ScriptOutcome::Timeout { .. } => "timeout",
+        ScriptOutcome::Busy => "busy",
+    }
+}
+
 /// Runs `name` for `principal` with `args` (a JSON object).
 pub async fn call(
     state: &AppState,
@@ -56,39 +99,132 @@ pub async fn call(
     name: &str,
     args: Value,
     surface: Surface,
+    origin: Option<&RequestOrigin>,
 ) -> Result<CallDone, CallRefused> {
     let started = Instant::now();
-    let snapshot = state.policy.load();
-    let Some(tool) = snapshot.resolve(principal, name) else {
+    let metric = |outcome: &str| {
         state
             .metrics
             .tool_calls
-            .with_label_values(&[surface.as_str(), "unknown_tool"])
-            .inc();
+            .with_label_values(&[surface.as_str(), outcome])
+            .inc()
+    };
+    let snapshot = state.policy.load();
+    let Some(tool) = snapshot.resolve(principal, name) else {
+        metric("unknown_tool");
+        let mut e = base_event(kind::TOOL_CALL, "denied", principal, name, surface, origin);
+        e.error = Some("unknown tool, or not granted to this agent".into());
+        state
+            .audit
+            .record(e)
+            .await
+            .map_err(CallRefused::AuditUnavailable)?;
         return Err(CallRefused::UnknownTool(name.to_owned()));
     };
+    let agent = snapshot.agent(&principal.agent).cloned();
     drop(snapshot);
+    if let Some(agent) = agent
+        && let Err(retry_after) = state.limits.check(&agent, Some(name))
+    {
+        metric("rate_limited");
+        let mut e = base_event(
+            kind::TOOL_CALL,
+            "rate_limited",
+            principal,
+            name,
+            surface,
+            origin,
+        );
+        e.error = Some(format!(
+            "rate limited; retry after {} ms",
+            retry_after.as_millis()
+        ));
+        state
+            .audit
+            .record(e)
+            .await
+            .map_err(CallRefused::AuditUnavailable)?;
+        return Err(CallRefused::RateLimited { retry_after });
+    }
+    let redacted = serde_json::to_string(&redact(&args, &tool.audit)).unwrap_or_default();
+    let bytes_in = serde_json::to_vec(&args)
+        .map(|v| v.len() as i64)
+        .unwrap_or(0);
     let violations = if args.is_object() {
         tool.violations(&args)
     } else {
         vec!["arguments must be a JSON object".to_owned()]
     };
     if !violations.is_empty() {
+        metric("invalid_arguments");
+        let mut e = base_event(
+            kind::TOOL_CALL,
+            "invalid_arguments",
+            principal,
+            name,
+            surface,
+            origin,
+        );
+        e.arguments = Some(redacted);
+        e.bytes_in = Some(bytes_in);
+        e.error = Some(violations.join("; "));
         state
-            .metrics
-            .tool_calls
-            .with_label_values(&[surface.as_str(), "invalid_arguments"])
-            .inc();
+            .audit
+            .record(e)
+            .await
+            .map_err(CallRefused::AuditUnavailable)?;
         return Err(CallRefused::InvalidArguments { tool, violations });
     }
+    let call_id = uuid::Uuid::now_v7().to_string();
+    let mut e = base_event(kind::TOOL_CALL, "started", principal, name, surface, origin);
+    e.call_id = Some(call_id.clone());
+    e.arguments = Some(redacted);
+    e.bytes_in = Some(bytes_in);
+    if let Err(err) = state.audit.record(e).await {
+        metric("audit_unavailable");
+        return Err(CallRefused::AuditUnavailable(err));
+    }
+
+    let ran = Instant::now();
     let outcome = match &tool.exec {
         Execution::Script(spec) => runner::run(spec, &args, &state.settings.output).await,
     };
-    state
-        .metrics
-        .tool_calls
-        .with_label_values(&[surface.as_str(), outcome.label()])
-        .inc();
+    let latency = ran.elapsed();
+
+    let mut e = base_event(
+        kind::TOOL_RESULT,
+        audit_outcome(&outcome),
+        principal,
+        name,
+        surface,
+        origin,
+    );
+    e.call_id = Some(call_id);
+    e.latency_us = Some(latency.as_micros() as i64);
+    e.bytes_in = Some(bytes_in);
+    match &outcome {
+        ScriptOutcome::Success {
+            output,
+            stdout_bytes,
+        } => {
+            let text = serde_json::to_string(output).unwrap_or_default();
+            e.bytes_out = Some(*stdout_bytes as i64);
+            e.result_sha256 = Some(hex::encode(Sha256::digest(text.as_bytes())));
+            if tool.audit.store_results {
+                e.result = Some(text);
+            }
+        }
+        ScriptOutcome::Failed { exit_code, stderr } => {
+            e.exit_code = *exit_code;
+            e.error = Some(truncate(stderr, 4096));
+        }
+        other => e.error = other.error_message().map(|m| truncate(&m, 4096)),
+    }
+    if let Err(err) = state.audit.record(e).await {
+        metric("audit_unavailable");
+        return Err(CallRefused::AuditUnavailable(err));
+    }
+    metric(outcome.label());
     tracing::info!(
         agent = %principal.agent,
         tool = %tool.name,
@@ -100,6 +236,17 @@ pub async fn call(
     Ok(CallDone {
         tool,
         outcome,
-        latency: started.elapsed(),
+        latency,
     })
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }

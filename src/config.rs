@@ -46,6 +46,11 @@ pub enum Command {
         #[command(subcommand)]
         command: ClientCommand,
     },
+    /// The audit log: export it, verify its hash chains.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
     /// Token signing keys.
     Keys {
         #[command(subcommand)]
@@ -112,6 +117,15 @@ pub struct ServeArgs {
     /// How many copies of one tool may run at once.
     #[arg(long, env = "TOOLGATE_MAX_CONCURRENCY_PER_TOOL", default_value_t = 8)]
     pub max_concurrency_per_tool: usize,
+    /// Audit partitions older than this many days are dropped.
+    #[arg(long, env = "TOOLGATE_AUDIT_RETENTION_DAYS", default_value_t = 365)]
+    pub audit_retention_days: u32,
+    /// Token requests allowed per second from one client IP (against secret guessing).
+    #[arg(long, env = "TOOLGATE_TOKEN_RATE_PER_IP", default_value_t = 5)]
+    pub token_rate_per_ip: u32,
+    /// Burst of token requests allowed from one client IP.
+    #[arg(long, env = "TOOLGATE_TOKEN_BURST_PER_IP", default_value_t = 20)]
+    pub token_burst_per_ip: u32,
     /// Page size of tools/list.
     #[arg(long, env = "TOOLGATE_PAGE_SIZE", default_value_t = 100)]
     pub page_size: usize,
@@ -190,4 +204,37 @@ mod tests {
         use clap::CommandFactory;
         super::Cli::command().debug_assert();
     }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Stream the audit log to stdout.
+    Export {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long, value_enum, default_value = "jsonl")]
+        format: crate::audit::export::Format,
+        /// Only events at or after this time (RFC 3339).
+        #[arg(long)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        /// Only events before this time (RFC 3339).
+        #[arg(long)]
+        until: Option<chrono::DateTime<chrono::Utc>>,
+        #[arg(long)]
+        agent: Option<String>,
+        #[arg(long)]
+        tool: Option<String>,
+        #[arg(long)]
+        event_type: Option<String>,
+        #[arg(long)]
+        outcome: Option<String>,
+    },
+    /// Check the hash chains, in the database or in an exported JSONL file.
+    Verify {
+        #[command(flatten)]
+        db: DbArgs,
+        /// A JSONL export to check offline instead of the database.
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
 }

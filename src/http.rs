@@ -58,6 +58,20 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
         .unwrap_or("")
         .to_owned();
     let span = tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id);
+    let origin = crate::audit::RequestOrigin {
+        remote_addr: req
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0.ip().to_string()),
+        user_agent: req
+            .headers()
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .map(|s| s.chars().take(512).collect()),
+        request_id: Some(id.clone()).filter(|s| !s.is_empty()),
+    };
+    let mut req = req;
+    req.extensions_mut().insert(origin);
     let response = tracing::Instrument::instrument(next.run(req), span).await;
     state
         .metrics
@@ -163,6 +177,13 @@ pub async fn require_agent(
         }
         Err(e) => {
             tracing::debug!(reason = %e, "request refused: invalid token");
+            let mut event =
+                crate::audit::AuditEvent::new(crate::audit::kind::AUTH_REJECTED, "denied")
+                    .from_origin(req.extensions().get::<crate::audit::RequestOrigin>());
+            event.error = Some(e.to_string());
+            event.resource = Some(req.uri().path().to_owned());
+            // Never let a flood of bad tokens wait on (or be blocked by) the audit log.
+            state.audit.record_detached(event);
             let error = if e == TokenError::Missing {
                 None
             } else {
@@ -191,4 +212,28 @@ fn dev_principal(state: &AppState, agent: &str) -> Principal {
         jti: None,
         prefixes,
     }
+}
+
+/// Fails closed when the audit log cannot be written: no tool may run un-audited, and the
+/// caller gets a clear 503 instead of a tool that silently was not recorded. Recovery needs
+/// no restart: as soon as the database answers again, requests flow.
+pub async fn require_audit(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if !state.audit.is_healthy() {
+        let ok = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            sqlx::query("SELECT 1").execute(&state.db),
+        )
+        .await
+        .is_ok_and(|r| r.is_ok());
+        if !ok {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "1")],
+                Json(json!({"error": "the audit log is unavailable, so no tool can run; retry shortly"})),
+            )
+                .into_response();
+        }
+        state.audit.set_healthy(true);
+    }
+    next.run(req).await
 }

@@ -6,12 +6,14 @@
 
 pub mod api;
 pub mod app;
+pub mod audit;
 pub mod auth;
 pub mod calls;
 pub mod cli;
 pub mod config;
 pub mod db;
 pub mod http;
+pub mod limits;
 pub mod mcp;
 pub mod metrics;
 pub mod oauth;

@@ -292,3 +292,33 @@ pub async fn revoke_jti(
     refresh(state).await;
     Ok(())
 }
+
+/// Replaces an agent's rate limits.
+pub async fn set_limits(
+    state: &AppState,
+    actor: &str,
+    agent: &str,
+    limits: Vec<RateLimitRecord>,
+) -> Result<()> {
+    for l in &limits {
+        if l.per_second == 0 || l.burst == 0 {
+            return Err(ServiceError::Invalid(
+                "per_second and burst must be at least 1".into(),
+            ));
+        }
+        if let Some(p) = &l.pattern {
+            GrantTarget::parse(p).map_err(ServiceError::Invalid)?;
+        }
+    }
+    let before = state
+        .policy
+        .load()
+        .agent(agent)
+        .map(|a| a.record.limits.clone())
+        .ok_or_else(|| ServiceError::NotFound(format!("agent `{agent}`")))?;
+    let mut tx = state.db.begin().await?;
+    db::policy::set_limits(&mut tx, actor, agent, &before, &limits).await?;
+    tx.commit().await?;
+    refresh(state).await;
+    Ok(())
+}

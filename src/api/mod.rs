@@ -28,6 +28,13 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/groups", get(list_groups))
         .route("/pool/errors", get(pool_errors))
         .route("/tokens/revoke", post(revoke_token))
+        .route(
+            "/agents/{name}/rate-limits",
+            get(get_limits).put(set_limits),
+        )
+        .route("/audit", get(list_audit))
+        .route("/audit/export", get(export_audit))
+        .route("/audit/{id}", get(get_audit))
         .layer(axum::middleware::from_fn_with_state(state, require_admin))
 }
 
@@ -274,4 +281,120 @@ async fn revoke_token(
         .unwrap_or_else(|| chrono::Utc::now() + chrono::Duration::days(1));
     service::revoke_jti(&state, API_ACTOR, body.jti, expires).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+async fn get_limits(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let snapshot = state.policy.load();
+    let agent = snapshot
+        .agent(&name)
+        .ok_or_else(|| ServiceError::NotFound(format!("agent `{name}`")))?;
+    Ok(Json(json!({"rate_limits": agent.record.limits})))
+}
+
+#[derive(Deserialize)]
+struct LimitsBody {
+    rate_limits: Vec<crate::policy::snapshot::RateLimitRecord>,
+}
+
+async fn set_limits(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Json(body): Json<LimitsBody>,
+) -> ApiResult<Json<Value>> {
+    service::set_limits(&state, API_ACTOR, &name, body.rate_limits).await?;
+    get_limits(State(state), Path(name)).await
+}
+
+#[derive(Deserialize, Default)]
+struct AuditQuery {
+    #[serde(flatten)]
+    filter: crate::db::audit::AuditFilter,
+    before: Option<i64>,
+    limit: Option<i64>,
+}
+
+/// Newest first; `next_before` is the cursor for the next (older) page.
+async fn list_audit(
+    State(state): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<AuditQuery>,
+) -> ApiResult<Json<Value>> {
+    let limit = q.limit.unwrap_or(50).clamp(1, 500);
+    let rows = crate::db::audit::list(&state.db, &q.filter, q.before, limit)
+        .await
+        .map_err(ServiceError::from)?;
+    let next = if rows.len() as i64 == limit {
+        rows.last().and_then(|r| r.id)
+    } else {
+        None
+    };
+    Ok(Json(json!({"events": rows, "next_before": next})))
+}
+
+async fn get_audit(State(state): State<AppState>, Path(id): Path<i64>) -> ApiResult<Json<Value>> {
+    let row = crate::db::audit::get(&state.db, id)
+        .await
+        .map_err(ServiceError::from)?;
+    Ok(Json(
+        json!({"event": row.ok_or_else(|| ServiceError::NotFound(format!("audit event {id}")))?}),
+    ))
+}
+
+#[derive(Deserialize)]
+struct ExportQuery {
+    format: crate::audit::export::Format,
+    #[serde(flatten)]
+    filter: crate::db::audit::AuditFilter,
+}
+
+/// Streams the export: one row in memory at a time, whatever the range.
+async fn export_audit(
+    State(state): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<ExportQuery>,
+) -> Response {
+    audit_export_response(&state, q.format, q.filter)
+}
+
+pub fn audit_export_response(
+    state: &AppState,
+    format: crate::audit::export::Format,
+    filter: crate::db::audit::AuditFilter,
+) -> Response {
+    use crate::audit::export::{self, Format};
+    use futures::StreamExt;
+    let rows = crate::db::audit::stream(state.db.clone(), filter);
+    let header = futures::stream::iter(match format {
+        Format::Csv => Some(Ok::<_, std::io::Error>(axum::body::Bytes::from(
+            export::csv_header(),
+        ))),
+        Format::Jsonl => None,
+    });
+    let body = header.chain(rows.map(move |r| match r {
+        Ok(row) => Ok(axum::body::Bytes::from(match format {
+            Format::Csv => export::csv_line(&row),
+            Format::Jsonl => export::jsonl_line(&row),
+        })),
+        Err(e) => {
+            tracing::error!(error = %e, "audit export failed mid-stream");
+            Err(std::io::Error::other("audit export failed"))
+        }
+    }));
+    let ext = match format {
+        Format::Csv => "csv",
+        Format::Jsonl => "jsonl",
+    };
+    (
+        [
+            (header::CONTENT_TYPE, format.content_type().to_owned()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"toolgate-audit.{ext}\""),
+            ),
+            (header::CACHE_CONTROL, "no-store".to_owned()),
+        ],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
 }

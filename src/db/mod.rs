@@ -1,5 +1,6 @@
 //! All SQL lives under this module. The rest of the code speaks in domain types.
 
+pub mod audit;
 pub mod catalog;
 pub mod policy;
 
@@ -109,8 +110,9 @@ pub async fn migrate(pool: &PgPool, url: &str) -> Result<(), ConnectError> {
 
 /// Records one control-plane change in the same transaction as the change.
 ///
-/// Every mutation of agents, grants, limits, clients, keys and tokens goes through here, so
-/// that the audit log can say who changed what, from what, to what.
+/// Every mutation of agents, grants, limits, clients, keys and tokens goes through here: it
+/// appends an `admin.change` event to the audit log's control-plane chain, so the change and
+/// its record commit or fail together, saying who changed what, from what, to what.
 pub async fn record_change(
     tx: &mut sqlx::PgConnection,
     actor: &str,
@@ -119,15 +121,10 @@ pub async fn record_change(
     before: Option<serde_json::Value>,
     after: Option<serde_json::Value>,
 ) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO changes (actor, action, resource, before, after) VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(actor)
-    .bind(action)
-    .bind(resource)
-    .bind(before)
-    .bind(after)
-    .execute(&mut *tx)
-    .await?;
-    Ok(())
+    let mut event = crate::audit::AuditEvent::new(crate::audit::kind::ADMIN_CHANGE, "success");
+    event.admin_user = Some(actor.to_owned());
+    event.resource = Some(resource.to_owned());
+    event.details =
+        Some(serde_json::json!({"action": action, "before": before, "after": after}).to_string());
+    audit::append_in_tx(tx, crate::audit::instance_name(), event).await
 }

@@ -18,6 +18,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::Value;
 
 use crate::app::AppState;
+use crate::audit::{AuditEvent, RequestOrigin, kind};
 use crate::calls::{self, CallRefused, Surface};
 use crate::policy::snapshot::Principal;
 use crate::pool::runner::ScriptOutcome;
@@ -67,6 +68,32 @@ fn principal(ctx: &RequestContext<RoleServer>) -> Result<Principal, McpError> {
         .ok_or_else(|| McpError::internal_error("request is not authenticated", None))
 }
 
+fn origin(ctx: &RequestContext<RoleServer>) -> Option<RequestOrigin> {
+    ctx.extensions
+        .get::<http::request::Parts>()
+        .and_then(|p| p.extensions.get::<RequestOrigin>())
+        .cloned()
+}
+
+/// JSON-RPC error code for a rate-limited request (outside the reserved -32768..-32000).
+pub const RATE_LIMITED: i32 = 429;
+
+fn rate_limited(retry_after: std::time::Duration) -> McpError {
+    let ms = retry_after.as_millis().max(1) as u64;
+    McpError::new(
+        rmcp::model::ErrorCode(RATE_LIMITED),
+        format!("rate limited: retry after {ms} ms"),
+        Some(serde_json::json!({"retry_after_ms": ms})),
+    )
+}
+
+fn audit_unavailable() -> McpError {
+    McpError::internal_error(
+        "the audit log is unavailable, so the tool was not run; retry shortly",
+        None,
+    )
+}
+
 fn encode_cursor(last: &str) -> String {
     URL_SAFE_NO_PAD.encode(last.as_bytes())
 }
@@ -99,6 +126,20 @@ impl ServerHandler for Gateway {
     ) -> Result<ListToolsResult, McpError> {
         let principal = principal(&ctx)?;
         let snapshot = self.state.policy.load();
+        if let Some(agent) = snapshot.agent(&principal.agent)
+            && let Err(wait) = self.state.limits.check(agent, None)
+        {
+            let mut e = AuditEvent::new(kind::TOOLS_LIST, "rate_limited")
+                .from_origin(origin(&ctx).as_ref());
+            e.agent = Some(principal.agent.clone());
+            e.client_id = Some(principal.client_id.clone());
+            self.state
+                .audit
+                .record(e)
+                .await
+                .map_err(|_| audit_unavailable())?;
+            return Err(rate_limited(wait));
+        }
         let visible = snapshot.visible(&principal);
         let after = match request.and_then(|r| r.cursor).filter(|c| !c.is_empty()) {
             Some(c) => Some(decode_cursor(&c)?),
@@ -120,6 +161,19 @@ impl ServerHandler for Gateway {
         {
             result.next_cursor = Some(encode_cursor(last.name.as_str()));
         }
+        let mut e = AuditEvent::new(kind::TOOLS_LIST, "success").from_origin(origin(&ctx).as_ref());
+        e.agent = Some(principal.agent.clone());
+        e.client_id = Some(principal.client_id.clone());
+        e.jti = principal.jti.map(|j| j.to_string());
+        e.details = Some(
+            serde_json::json!({"shown": page.iter().map(|t| t.name.as_str()).collect::<Vec<_>>()})
+                .to_string(),
+        );
+        self.state
+            .audit
+            .record(e)
+            .await
+            .map_err(|_| audit_unavailable())?;
         Ok(result)
     }
 
@@ -140,7 +194,19 @@ impl ServerHandler for Gateway {
     ) -> Result<CallToolResponse, McpError> {
         let principal = principal(&ctx)?;
         let args = Value::Object(request.arguments.unwrap_or_default());
-        match calls::call(&self.state, &principal, &request.name, args, Surface::Mcp).await {
+        let origin = origin(&ctx);
+        match calls::call(
+            &self.state,
+            &principal,
+            &request.name,
+            args,
+            Surface::Mcp,
+            origin.as_ref(),
+        )
+        .await
+        {
+            Err(CallRefused::RateLimited { retry_after }) => Err(rate_limited(retry_after)),
+            Err(CallRefused::AuditUnavailable(_)) => Err(audit_unavailable()),
             Err(CallRefused::UnknownTool(name)) => Err(McpError::invalid_params(
                 format!("Unknown tool: {name}"),
                 None,

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use crate::app::AppState;
+use crate::audit::{AuditEvent, kind};
 use crate::auth::token::{AccessClaims, sign};
 use crate::auth::{keys, secrets};
 use crate::db;
@@ -327,20 +328,72 @@ pub fn narrow(grants: &[GrantTarget], scope: Option<&str>) -> Result<Vec<GrantTa
 
 async fn token(
     State(state): State<AppState>,
+    origin: Option<axum::Extension<crate::audit::RequestOrigin>>,
     headers: HeaderMap,
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
-    match issue_token(&state, &headers, &form).await {
-        Ok(body) => (
-            StatusCode::OK,
-            [
-                (header::CACHE_CONTROL, "no-store"),
-                (header::PRAGMA, "no-cache"),
-            ],
-            Json(body),
+    let origin = origin.map(|o| o.0);
+    let ip = origin
+        .as_ref()
+        .and_then(|o| o.remote_addr.as_deref())
+        .and_then(|a| a.parse().ok());
+    if let Some(ip) = ip
+        && let Err(wait) = state.limits.check_token_ip(ip)
+    {
+        let mut e =
+            AuditEvent::new(kind::CLIENT_AUTH_FAILED, "rate_limited").from_origin(origin.as_ref());
+        e.client_id = form.get("client_id").cloned();
+        state.audit.record_detached(e);
+        let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, secs.to_string()), (header::CACHE_CONTROL, "no-store".to_owned())],
+            Json(json!({"error": "slow_down", "error_description": "too many token requests from this address"})),
         )
-            .into_response(),
-        Err(e) => e.into_response(),
+            .into_response();
+    }
+    match issue_token(&state, &headers, &form).await {
+        Ok((body, claims)) => {
+            let mut e = AuditEvent::new(kind::TOKEN_ISSUED, "success").from_origin(origin.as_ref());
+            e.agent = Some(claims.sub.clone());
+            e.client_id = Some(claims.client_id.clone());
+            e.jti = Some(claims.jti.clone());
+            e.resource = Some(claims.aud.clone());
+            e.details = Some(json!({"scope": claims.scope, "tool_prefixes": claims.tool_prefixes, "exp": claims.exp}).to_string());
+            // A token that is not in the audit log is not handed out.
+            if state.audit.record(e).await.is_err() {
+                return OAuthError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "temporarily_unavailable",
+                    "the audit log is unavailable; retry shortly",
+                )
+                .into_response();
+            }
+            (
+                StatusCode::OK,
+                [
+                    (header::CACHE_CONTROL, "no-store"),
+                    (header::PRAGMA, "no-cache"),
+                ],
+                Json(body),
+            )
+                .into_response()
+        }
+        Err(err) => {
+            let kind_ = if err.error == "invalid_client" {
+                kind::CLIENT_AUTH_FAILED
+            } else {
+                kind::TOKEN_ISSUED
+            };
+            let mut e = AuditEvent::new(kind_, "denied").from_origin(origin.as_ref());
+            e.client_id = form
+                .get("client_id")
+                .cloned()
+                .or_else(|| basic_credentials(&headers).map(|(id, _)| id));
+            e.error = Some(format!("{}: {}", err.error, err.description));
+            state.audit.record_detached(e);
+            err.into_response()
+        }
     }
 }
 
@@ -348,7 +401,7 @@ async fn issue_token(
     state: &AppState,
     headers: &HeaderMap,
     form: &HashMap<String, String>,
-) -> Result<Value, OAuthError> {
+) -> Result<(Value, AccessClaims), OAuthError> {
     let client = authenticate_client(state, headers, form).await?;
     match form.get("grant_type").map(String::as_str) {
         Some("client_credentials") => {}
@@ -411,12 +464,13 @@ async fn issue_token(
         )
     })?;
     tracing::info!(agent = %client.agent, client_id = %client.client_id, jti = %claims.jti, "access token issued");
-    Ok(json!({
+    let body = json!({
         "access_token": jwt,
         "token_type": "Bearer",
         "expires_in": state.settings.token_ttl.as_secs(),
         "scope": claims.scope,
-    }))
+    });
+    Ok((body, claims))
 }
 
 /// Verifies one of our tokens' signature and returns its claims, expired or not (for

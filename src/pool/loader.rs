@@ -208,6 +208,12 @@ pub fn load_group(
             ));
         }
     };
+    let audit = match doc.get("x-toolgate-audit") {
+        None => crate::audit::AuditPolicy::default(),
+        Some(v) => serde_json::from_value(v.clone())
+            .map_err(|e| fail(&spec_file, format!("`x-toolgate-audit` is invalid: {e}")))?,
+    };
+    let audit = Arc::new(audit);
     let scripts = scripts_by_stem(folder).map_err(|e| fail(folder_name, e))?;
     let paths = doc
         .get("paths")
@@ -361,6 +367,7 @@ pub fn load_group(
                 }),
                 validator: Arc::new(validator),
                 ui,
+                audit: audit.clone(),
             }));
         }
     }

@@ -130,6 +130,8 @@ pub struct Tool {
     pub validator: Arc<jsonschema::Validator>,
     /// Relative path of an MCP App UI file in the tool's folder.
     pub ui: Option<String>,
+    /// What the audit log keeps of this tool's calls.
+    pub audit: Arc<crate::audit::AuditPolicy>,
 }
 
 impl Tool {

@@ -220,16 +220,36 @@ async fn call_operation(
             json!({"error": "invalid arguments", "violations": twice.iter().map(|k| format!("`{k}` is given more than once")).collect::<Vec<_>>()}),
         );
     }
+    let origin = parts
+        .extensions
+        .get::<crate::audit::RequestOrigin>()
+        .cloned();
     match calls::call(
         &state,
         &principal,
         tool.name.as_str(),
         Value::Object(args),
         Surface::Rest,
+        origin.as_ref(),
     )
     .await
     {
         Err(CallRefused::UnknownTool(_)) => not_found(),
+        Err(CallRefused::RateLimited { retry_after }) => {
+            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, secs.to_string())],
+                Json(json!({"error": "rate limited", "retry_after_ms": retry_after.as_millis() as u64})),
+            )
+                .into_response()
+        }
+        Err(CallRefused::AuditUnavailable(_)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1".to_owned())],
+            Json(json!({"error": "the audit log is unavailable, so the tool was not run; retry shortly"})),
+        )
+            .into_response(),
         Err(CallRefused::InvalidArguments { violations, .. }) => problem(
             StatusCode::BAD_REQUEST,
             json!({"error": "invalid arguments", "violations": violations}),

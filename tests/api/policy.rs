@@ -113,7 +113,7 @@ async fn apply_makes_the_database_match_the_folder_and_warns_on_zero_match(pool:
     );
 
     let changes: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM changes WHERE actor = 'test' AND action = 'grant.create'",
+        "SELECT count(*) FROM audit_events WHERE event_type = 'admin.change' AND admin_user = 'test' AND details::jsonb->>'action' = 'grant.create' AND resource = 'agent:assistant/grant:serch'",
     )
     .fetch_one(&pool)
     .await

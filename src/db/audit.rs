@@ -1,0 +1,299 @@
+//! The audit table: batched appends, monthly partitions, filtered reads and streams.
+
+use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
+use futures::{Stream, StreamExt};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder, Row};
+
+use crate::audit::AuditEvent;
+use crate::audit::chain::{self, ChainedEvent};
+
+const COLUMNS: &str = "id, at, chain, chain_seq, prev_hash, hash, instance, event_type, outcome, agent, client_id, jti, \
+    admin_user, tool, resource, remote_addr, user_agent, request_id, call_id, exit_code, error, latency_us, bytes_in, \
+    bytes_out, arguments, result_sha256, result, details";
+
+/// The first day of `at`'s month and of the month after.
+fn month_bounds(at: DateTime<Utc>) -> (NaiveDate, NaiveDate) {
+    let start = NaiveDate::from_ymd_opt(at.year(), at.month(), 1).unwrap_or_default();
+    let next = if at.month() == 12 {
+        NaiveDate::from_ymd_opt(at.year() + 1, 1, 1)
+    } else {
+        NaiveDate::from_ymd_opt(at.year(), at.month() + 1, 1)
+    }
+    .unwrap_or_default();
+    (start, next)
+}
+
+pub fn partition_name(at: DateTime<Utc>) -> String {
+    format!("audit_events_y{:04}m{:02}", at.year(), at.month())
+}
+
+/// Creates the month partition holding `at` if it does not exist.
+pub async fn ensure_partition(conn: &mut PgConnection, at: DateTime<Utc>) -> sqlx::Result<()> {
+    let (start, next) = month_bounds(at);
+    // Concurrent CREATE ... IF NOT EXISTS can still collide; serialise them.
+    sqlx::query("SELECT pg_advisory_lock(7470114)")
+        .execute(&mut *conn)
+        .await?;
+    let sql = format!(
+        "CREATE TABLE IF NOT EXISTS {} PARTITION OF audit_events FOR VALUES FROM ('{start}') TO ('{next}')",
+        partition_name(at)
+    );
+    let result = sqlx::query(&sql).execute(&mut *conn).await;
+    sqlx::query("SELECT pg_advisory_unlock(7470114)")
+        .execute(&mut *conn)
+        .await?;
+    result.map(|_| ())
+}
+
+fn push_row(
+    b: &mut sqlx::query_builder::Separated<'_, '_, Postgres, &'static str>,
+    r: &ChainedEvent,
+) {
+    let e = &r.event;
+    b.push_bind(e.at)
+        .push_bind(r.chain.clone())
+        .push_bind(r.chain_seq)
+        .push_bind(r.prev_hash.clone())
+        .push_bind(r.hash.clone())
+        .push_bind(r.instance.clone())
+        .push_bind(e.event_type.clone())
+        .push_bind(e.outcome.clone())
+        .push_bind(e.agent.clone())
+        .push_bind(e.client_id.clone())
+        .push_bind(e.jti.clone())
+        .push_bind(e.admin_user.clone())
+        .push_bind(e.tool.clone())
+        .push_bind(e.resource.clone())
+        .push_bind(e.remote_addr.clone())
+        .push_bind(e.user_agent.clone())
+        .push_bind(e.request_id.clone())
+        .push_bind(e.call_id.clone())
+        .push_bind(e.exit_code)
+        .push_bind(e.error.clone())
+        .push_bind(e.latency_us)
+        .push_bind(e.bytes_in)
+        .push_bind(e.bytes_out)
+        .push_bind(e.arguments.clone())
+        .push_bind(e.result_sha256.clone())
+        .push_bind(e.result.clone())
+        .push_bind(e.details.clone());
+}
+
+const INSERT: &str = "INSERT INTO audit_events (at, chain, chain_seq, prev_hash, hash, instance, event_type, outcome, \
+    agent, client_id, jti, admin_user, tool, resource, remote_addr, user_agent, request_id, call_id, exit_code, error, \
+    latency_us, bytes_in, bytes_out, arguments, result_sha256, result, details) ";
+
+/// Appends rows in one multi-row insert (one round trip, one commit).
+pub async fn insert_batch(pool: &PgPool, rows: &[ChainedEvent]) -> sqlx::Result<()> {
+    // Postgres allows 65535 bind parameters per statement; 27 per row.
+    for chunk in rows.chunks(2000) {
+        let mut qb: QueryBuilder<Postgres> = QueryBuilder::new(INSERT);
+        qb.push_values(chunk, |mut b, r| push_row(&mut b, r));
+        qb.build().execute(pool).await?;
+    }
+    Ok(())
+}
+
+/// Appends one event to the control-plane chain inside the caller's transaction, so that an
+/// admin change and its audit record commit or fail together.
+pub async fn append_in_tx(
+    conn: &mut PgConnection,
+    instance: &str,
+    event: AuditEvent,
+) -> sqlx::Result<()> {
+    ensure_partition(conn, event.at).await?;
+    // One writer of this chain at a time; held until the caller commits.
+    sqlx::query("SELECT pg_advisory_xact_lock(7470113)")
+        .execute(&mut *conn)
+        .await?;
+    let last: Option<(i64, String)> = sqlx::query_as(
+        "SELECT chain_seq, hash FROM audit_events WHERE chain = $1 ORDER BY chain_seq DESC LIMIT 1",
+    )
+    .bind(chain::CONTROL_PLANE)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let (seq, hash) = last.unwrap_or((0, chain::GENESIS.to_owned()));
+    let row = chain::extend(chain::CONTROL_PLANE, (seq, &hash), instance, event);
+    let mut qb: QueryBuilder<Postgres> = QueryBuilder::new(INSERT);
+    qb.push_values(std::slice::from_ref(&row), |mut b, r| push_row(&mut b, r));
+    qb.build().execute(&mut *conn).await?;
+    Ok(())
+}
+
+fn from_row(r: &PgRow) -> ChainedEvent {
+    ChainedEvent {
+        id: r.get("id"),
+        chain: r.get("chain"),
+        chain_seq: r.get("chain_seq"),
+        prev_hash: r.get("prev_hash"),
+        hash: r.get("hash"),
+        instance: r.get("instance"),
+        event: AuditEvent {
+            at: r.get("at"),
+            event_type: r.get("event_type"),
+            outcome: r.get("outcome"),
+            agent: r.get("agent"),
+            client_id: r.get("client_id"),
+            jti: r.get("jti"),
+            admin_user: r.get("admin_user"),
+            tool: r.get("tool"),
+            resource: r.get("resource"),
+            remote_addr: r.get("remote_addr"),
+            user_agent: r.get("user_agent"),
+            request_id: r.get("request_id"),
+            call_id: r.get("call_id"),
+            exit_code: r.get("exit_code"),
+            error: r.get("error"),
+            latency_us: r.get("latency_us"),
+            bytes_in: r.get("bytes_in"),
+            bytes_out: r.get("bytes_out"),
+            arguments: r.get("arguments"),
+            result_sha256: r.get("result_sha256"),
+            result: r.get("result"),
+            details: r.get("details"),
+        },
+    }
+}
+
+/// Filters shared by listing, export and the admin UI.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct AuditFilter {
+    pub since: Option<DateTime<Utc>>,
+    pub until: Option<DateTime<Utc>>,
+    pub agent: Option<String>,
+    pub tool: Option<String>,
+    pub event_type: Option<String>,
+    pub outcome: Option<String>,
+}
+
+impl AuditFilter {
+    fn push(&self, qb: &mut QueryBuilder<'_, Postgres>) {
+        qb.push(" WHERE TRUE");
+        if let Some(v) = self.since {
+            qb.push(" AND at >= ").push_bind(v);
+        }
+        if let Some(v) = self.until {
+            qb.push(" AND at < ").push_bind(v);
+        }
+        for (col, v) in [
+            ("agent", &self.agent),
+            ("tool", &self.tool),
+            ("event_type", &self.event_type),
+            ("outcome", &self.outcome),
+        ] {
+            if let Some(v) = v.as_ref().filter(|v| !v.is_empty()) {
+                qb.push(format!(" AND {col} = ")).push_bind(v.clone());
+            }
+        }
+    }
+}
+
+/// Newest first, keyset-paginated on `id`.
+pub async fn list(
+    pool: &PgPool,
+    filter: &AuditFilter,
+    before_id: Option<i64>,
+    limit: i64,
+) -> sqlx::Result<Vec<ChainedEvent>> {
+    let mut qb = QueryBuilder::new(format!("SELECT {COLUMNS} FROM audit_events"));
+    filter.push(&mut qb);
+    if let Some(b) = before_id {
+        qb.push(" AND id < ").push_bind(b);
+    }
+    qb.push(" ORDER BY id DESC LIMIT ").push_bind(limit);
+    Ok(qb
+        .build()
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(from_row)
+        .collect())
+}
+
+pub async fn get(pool: &PgPool, id: i64) -> sqlx::Result<Option<ChainedEvent>> {
+    Ok(
+        sqlx::query(&format!("SELECT {COLUMNS} FROM audit_events WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(pool)
+            .await?
+            .as_ref()
+            .map(from_row),
+    )
+}
+
+/// Streams matching rows in chain order, holding one row at a time: constant memory for any
+/// range. The stream owns its connection.
+pub fn stream(
+    pool: PgPool,
+    filter: AuditFilter,
+) -> impl Stream<Item = sqlx::Result<ChainedEvent>> + Send + 'static {
+    async_stream(pool, filter)
+}
+
+fn async_stream(
+    pool: PgPool,
+    filter: AuditFilter,
+) -> impl Stream<Item = sqlx::Result<ChainedEvent>> + Send + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel::<sqlx::Result<ChainedEvent>>(256);
+    tokio::spawn(async move {
+        let mut qb = QueryBuilder::new(format!("SELECT {COLUMNS} FROM audit_events"));
+        filter.push(&mut qb);
+        qb.push(" ORDER BY chain, chain_seq");
+        let query = qb.build();
+        let mut rows = query.fetch(&pool);
+        while let Some(row) = rows.next().await {
+            if tx.send(row.map(|r| from_row(&r))).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// Drops whole month partitions that end before `cutoff`; returns their names.
+pub async fn drop_partitions_before(
+    pool: &PgPool,
+    cutoff: DateTime<Utc>,
+) -> sqlx::Result<Vec<String>> {
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'audit_events' ORDER BY c.relname",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut dropped = Vec::new();
+    for name in names {
+        let Some(rest) = name.strip_prefix("audit_events_y") else {
+            continue;
+        };
+        let (Ok(y), Ok(m)) = (rest[..4].parse::<i32>(), rest[5..].parse::<u32>()) else {
+            continue;
+        };
+        let Some(start) = Utc.with_ymd_and_hms(y, m, 1, 0, 0, 0).single() else {
+            continue;
+        };
+        let (_, end) = month_bounds(start);
+        let end = Utc.from_utc_datetime(&end.and_hms_opt(0, 0, 0).unwrap_or_default());
+        if end <= cutoff {
+            sqlx::query(&format!("DROP TABLE IF EXISTS {name}"))
+                .execute(pool)
+                .await?;
+            dropped.push(name);
+        }
+    }
+    Ok(dropped)
+}
+
+/// Calls and denials since `since`, for the dashboard.
+pub async fn counts_since(pool: &PgPool, since: DateTime<Utc>) -> sqlx::Result<(i64, i64)> {
+    let row = sqlx::query(
+        "SELECT count(*) FILTER (WHERE event_type = 'tool.result'),
+                count(*) FILTER (WHERE outcome IN ('denied', 'rate_limited'))
+         FROM audit_events WHERE at >= $1",
+    )
+    .bind(since)
+    .fetch_one(pool)
+    .await?;
+    Ok((row.get(0), row.get(1)))
+}

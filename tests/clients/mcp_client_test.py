@@ -1,0 +1,466 @@
+#!/usr/bin/env python3
+"""End-to-end test of a running toolgate with the official Python MCP SDK (`mcp` 2.x).
+
+Run it against a server started with an admin token:
+
+    TOOLGATE_URL=http://127.0.0.1:8787 TOOLGATE_ADMIN_TOKEN=xyz \
+        python tests/clients/mcp_client_test.py
+
+(or pass --base-url / --admin-token). The server must have the example `tools/` and
+`policies/` loaded: agent `assistant` granted `search`, agent `meteo` granted `weather`.
+
+For each connect mode of the SDK client (`legacy`: the 2025-11-25 initialize handshake;
+`2026-07-28`: pinned modern, stateless; `auto`: server/discover, falling back to legacy) it
+checks what each agent sees and may call, and that grants changed through the admin API
+take effect as designed: a new grant arrives with the next token, a removed grant is gone on
+the very next request. One pass goes through the SDK's own OAuth client
+(`ClientCredentialsOAuthProvider`), which discovers the authorization server from the 401.
+
+The client's response cache is disabled (`cache=None`) so every `tools/list` reaches the
+server. Every check prints one PASS/FAIL line; the last line is `N passed, N failed` and the
+exit status is non-zero if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import sys
+import traceback
+import warnings
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+from mcp import Client
+from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
+
+MODES = ("legacy", "2026-07-28", "auto")
+EXPECTED_VERSION = {"legacy": "2025-11-25", "2026-07-28": "2026-07-28", "auto": "2026-07-28"}
+SEARCH_TOOLS = ["search__get", "search__query"]
+WEATHER_TOOLS = ["weather__current", "weather__forecast"]
+INVALID_PARAMS = -32602
+
+
+class CheckFailed(Exception):
+    pass
+
+
+class Results:
+    def __init__(self) -> None:
+        self.passed: list[str] = []
+        self.failed: list[tuple[str, str]] = []
+        self.notes: list[str] = []
+
+    def ok(self, name: str, detail: str = "") -> None:
+        self.passed.append(name)
+        print(f"PASS  {name}" + (f"  ({detail})" if detail else ""), flush=True)
+
+    def fail(self, name: str, detail: str) -> None:
+        self.failed.append((name, detail))
+        print(f"FAIL  {name}\n      {detail}", flush=True)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        print(f"NOTE  {text}", flush=True)
+
+
+R = Results()
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (anyio wraps transport errors in one)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def describe(exc: BaseException) -> str:
+    leaf = root_cause(exc)
+    if isinstance(leaf, MCPError):
+        return f"MCPError {leaf.code}: {leaf.message}"
+    return f"{type(leaf).__name__}: {leaf}"
+
+
+@contextlib.asynccontextmanager
+async def check(name: str) -> AsyncIterator[None]:
+    """Run one check: a CheckFailed or any exception marks it failed, and the run goes on."""
+    try:
+        yield
+    except CheckFailed as e:
+        R.fail(name, str(e))
+    except Exception as e:  # noqa: BLE001 - any error is this check's failure, reported once
+        R.fail(name, describe(e))
+        if os.environ.get("TOOLGATE_TEST_TRACEBACKS"):
+            traceback.print_exception(e)
+    else:
+        R.ok(name)
+
+
+def expect(cond: bool, message: str) -> None:
+    if not cond:
+        raise CheckFailed(message)
+
+
+def jwt_claims(token: str) -> dict[str, Any]:
+    """The token's claims, unverified: only to show what the server put in it."""
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+class Gateway:
+    """The admin API and the token endpoint, over plain HTTP."""
+
+    def __init__(self, base: str, admin_token: str) -> None:
+        self.base = base.rstrip("/")
+        self.mcp_url = self.base + "/mcp"
+        self.http = httpx2.AsyncClient(timeout=30)
+        self.admin = {"Authorization": f"Bearer {admin_token}"}
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def create_client(self, agent: str) -> dict[str, str]:
+        r = await self.http.post(f"{self.base}/api/v1/agents/{agent}/clients", headers=self.admin, json={})
+        expect(r.status_code in (200, 201), f"POST /api/v1/agents/{agent}/clients -> {r.status_code} {r.text}")
+        body = r.json()
+        expect("client_id" in body and "client_secret" in body, f"no client_id/client_secret in {body}")
+        return body
+
+    async def token(self, cred: dict[str, str]) -> str:
+        r = await self.http.post(
+            f"{self.base}/oauth/token",
+            auth=(cred["client_id"], cred["client_secret"]),
+            data={"grant_type": "client_credentials", "resource": self.mcp_url},
+        )
+        expect(r.status_code == 200, f"POST /oauth/token -> {r.status_code} {r.text}")
+        return r.json()["access_token"]
+
+    async def add_grant(self, agent: str, target: str) -> None:
+        r = await self.http.post(
+            f"{self.base}/api/v1/agents/{agent}/grants", headers=self.admin, json={"target": target}
+        )
+        expect(r.status_code in (200, 201), f"POST /api/v1/agents/{agent}/grants {target} -> {r.status_code} {r.text}")
+
+    async def remove_grant(self, agent: str, target: str, missing_ok: bool = False) -> None:
+        r = await self.http.delete(f"{self.base}/api/v1/agents/{agent}/grants/{target}", headers=self.admin)
+        ok = r.status_code in (200, 204) or (missing_ok and r.status_code == 404)
+        expect(ok, f"DELETE /api/v1/agents/{agent}/grants/{target} -> {r.status_code} {r.text}")
+
+
+@contextlib.asynccontextmanager
+async def connect(
+    url: str, mode: str, token: str | None = None, auth: httpx2.Auth | None = None, transport: Any = None
+) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    kwargs: dict[str, Any] = {"headers": headers, "timeout": 30}
+    if auth is not None:
+        kwargs["auth"] = auth
+    if transport is not None:
+        kwargs["transport"] = transport
+    async with httpx2.AsyncClient(**kwargs) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode, cache=None) as client:
+            yield client
+
+
+async def tool_names(client: Client) -> list[str]:
+    names: list[str] = []
+    cursor = None
+    while True:
+        page = await client.list_tools(cursor=cursor)
+        names.extend(t.name for t in page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return sorted(names)
+
+
+async def expect_tools(client: Client, expected: list[str]) -> None:
+    got = await tool_names(client)
+    expect(got == sorted(expected), f"tools/list returned {got}, expected exactly {sorted(expected)}")
+
+
+async def expect_unknown_tool(client: Client, name: str, args: dict[str, Any]) -> None:
+    try:
+        res = await client.call_tool(name, args)
+    except MCPError as e:
+        expect(
+            e.code == INVALID_PARAMS,
+            f"calling {name} raised JSON-RPC error {e.code} ({e.message}), expected {INVALID_PARAMS}",
+        )
+        return
+    raise CheckFailed(f"calling {name} did not raise: is_error={res.is_error} content={res.content!r}")
+
+
+async def expect_search_works(client: Client) -> None:
+    res = await client.call_tool("search__query", {"q": "rollback"})
+    expect(res.is_error is False, f"search__query is_error={res.is_error}, content={res.content!r}")
+    sc = res.structured_content
+    expect(isinstance(sc, dict) and "results" in sc, f"structuredContent has no `results`: {sc!r}")
+    expect(isinstance(sc["results"], list) and len(sc["results"]) > 0, f"no results for `rollback`: {sc!r}")
+
+
+def result_text(res: Any) -> str:
+    return "\n".join(getattr(c, "text", "") for c in res.content or [])
+
+
+async def run_mode(gw: Gateway, mode: str, assistant: dict[str, str], meteo: dict[str, str]) -> None:
+    tag = f"[{mode}]"
+    a_token = await gw.token(assistant)
+    m_token = await gw.token(meteo)
+
+    async with check(f"{tag} assistant connects, negotiated {EXPECTED_VERSION[mode]}"):
+        async with connect(gw.mcp_url, mode, a_token) as client:
+            expect(
+                client.protocol_version == EXPECTED_VERSION[mode],
+                f"negotiated {client.protocol_version}, expected {EXPECTED_VERSION[mode]}",
+            )
+
+    async with connect(gw.mcp_url, mode, a_token) as client:
+        async with check(f"{tag} assistant lists exactly {SEARCH_TOOLS}"):
+            await expect_tools(client, SEARCH_TOOLS)
+        async with check(f"{tag} assistant search__query {{q: rollback}} -> structuredContent.results, is_error False"):
+            await expect_search_works(client)
+        async with check(f"{tag} assistant weather__current -> JSON-RPC error {INVALID_PARAMS} (unknown tool)"):
+            await expect_unknown_tool(client, "weather__current", {"city": "Paris"})
+        async with check(f"{tag} assistant search__query {{q: 5}} -> is_error True naming the violation"):
+            res = await client.call_tool("search__query", {"q": 5})
+            text = result_text(res)
+            expect(res.is_error is True, f"is_error={res.is_error}, content={res.content!r}")
+            expect("/q" in text or "`q`" in text or "'q'" in text, f"error text does not name the field q: {text!r}")
+            expect("string" in text, f"error text does not say what was expected (string): {text!r}")
+
+    async with connect(gw.mcp_url, mode, m_token) as client:
+        async with check(f"{tag} meteo lists exactly {WEATHER_TOOLS}"):
+            await expect_tools(client, WEATHER_TOOLS)
+
+    # Grants: the token carries the prefixes granted at issuance, the live grants narrow them.
+    await gw.remove_grant("assistant", "weather", missing_ok=True)
+    old_token = await gw.token(assistant)
+    try:
+        async with check(f"{tag} admin API adds grant `weather` to assistant"):
+            await gw.add_grant("assistant", "weather")
+
+        async with connect(gw.mcp_url, mode, old_token) as client:
+            async with check(f"{tag} OLD token after the grant still lists only {SEARCH_TOOLS}"):
+                await expect_tools(client, SEARCH_TOOLS)
+            async with check(f"{tag} OLD token after the grant still cannot call weather__current"):
+                await expect_unknown_tool(client, "weather__current", {"city": "Paris"})
+
+        new_token = await gw.token(assistant)
+        async with check(f"{tag} NEW token carries the weather prefix"):
+            old_p = jwt_claims(old_token).get("tool_prefixes")
+            new_p = jwt_claims(new_token).get("tool_prefixes")
+            expect(isinstance(new_p, list) and any(p.startswith("weather") for p in new_p), f"new tool_prefixes={new_p}")
+            expect(isinstance(old_p, list) and not any(p.startswith("weather") for p in old_p), f"old tool_prefixes={old_p}")
+
+        async with connect(gw.mcp_url, mode, new_token) as client:
+            async with check(f"{tag} NEW token lists {SEARCH_TOOLS + WEATHER_TOOLS}"):
+                await expect_tools(client, SEARCH_TOOLS + WEATHER_TOOLS)
+            async with check(f"{tag} NEW token calls weather__current {{city: Paris}}"):
+                res = await client.call_tool("weather__current", {"city": "Paris"})
+                expect(res.is_error is False, f"is_error={res.is_error}, content={res.content!r}")
+
+            async with check(f"{tag} admin API removes grant `weather` from assistant"):
+                await gw.remove_grant("assistant", "weather")
+            # Same connection, same (new) token: the very next request must no longer see weather.
+            async with check(f"{tag} right after removal, NEW token lists only {SEARCH_TOOLS}"):
+                await expect_tools(client, SEARCH_TOOLS)
+            async with check(f"{tag} right after removal, NEW token cannot call weather__current"):
+                await expect_unknown_tool(client, "weather__current", {"city": "Paris"})
+    finally:
+        await gw.remove_grant("assistant", "weather", missing_ok=True)
+
+
+class MemoryTokenStorage:
+    def __init__(self) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client_info: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client_info
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client_info = client_info
+
+
+class CompatTransport(httpx2.AsyncBaseTransport):
+    """Rewrites the discovery documents, as the SDK's OAuth client sees them, to work around the
+    incompatibilities that `diagnose_sdk_oauth` found (and only those).
+
+    Used only after the unmodified flow failed, so that the rest of the SDK's flow (discovery
+    from the 401, client_secret_basic, RFC 8707 `resource`, the token on every request) is still
+    tested:
+    - `fill_authorization_endpoint`: mcp's `OAuthMetadata` requires `authorization_endpoint`,
+      which RFC 8414 lets a client-credentials-only server omit; one is filled in (never called).
+    - `drop_scopes`: the SDK requests every scope of the protected resource metadata's
+      `scopes_supported` (the MCP scope-selection strategy); when the token endpoint refuses that
+      request, `scopes_supported` is dropped so that the SDK requests no scope.
+    """
+
+    def __init__(self, base: str, fill_authorization_endpoint: bool, drop_scopes: bool) -> None:
+        self.inner = httpx2.AsyncHTTPTransport()
+        self.base = base
+        self.fill_authorization_endpoint = fill_authorization_endpoint
+        self.drop_scopes = drop_scopes
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self.inner.handle_async_request(request)
+        path = request.url.path
+        if response.status_code == 200 and path.startswith("/.well-known/oauth-"):
+            await response.aread()
+            doc = json.loads(response.content)
+            if self.fill_authorization_endpoint and path.startswith("/.well-known/oauth-authorization-server"):
+                doc.setdefault("authorization_endpoint", self.base + "/oauth/authorize")
+            if self.drop_scopes:
+                doc.pop("scopes_supported", None)
+            await response.aclose()
+            return httpx2.Response(200, json=doc)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def sdk_oauth_pass(gw: Gateway, cred: dict[str, str], transport_factory: Any = None) -> None:
+    """Every mode, assistant, through the SDK's ClientCredentialsOAuthProvider: one provider, so
+    the first mode does the whole discovery and token request and the others reuse the token."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        provider = ClientCredentialsOAuthProvider(
+            server_url=gw.mcp_url,
+            storage=MemoryTokenStorage(),
+            client_id=cred["client_id"],
+            client_secret=cred["client_secret"],
+            issuer=gw.base,
+        )
+    for mode in MODES:
+        transport = transport_factory() if transport_factory else None
+        async with connect(gw.mcp_url, mode, auth=provider, transport=transport) as client:
+            await expect_tools(client, SEARCH_TOOLS)
+            await expect_search_works(client)
+            await expect_unknown_tool(client, "weather__current", {"city": "Paris"})
+
+
+async def diagnose_sdk_oauth(gw: Gateway, cred: dict[str, str]) -> tuple[list[str], bool, bool]:
+    """Why the SDK's OAuth client fails: the server-side causes we know of, each stated precisely."""
+    problems: list[str] = []
+    fill, drop = False, False
+    r = await gw.http.get(gw.base + "/.well-known/oauth-authorization-server")
+    try:
+        OAuthMetadata.model_validate_json(r.content)
+    except ValidationError as e:
+        fill = True
+        fields = ", ".join(".".join(str(x) for x in err["loc"]) + f" ({err['msg']})" for err in e.errors())
+        problems.append(
+            "GET /.well-known/oauth-authorization-server does not validate as mcp's OAuthMetadata: "
+            f"{fields}; the SDK then finds no metadata for the issuer and stops"
+        )
+    r = await gw.http.get(gw.mcp_url.replace("/mcp", "/.well-known/oauth-protected-resource/mcp"))
+    scopes = r.json().get("scopes_supported") if r.status_code == 200 else None
+    if scopes:
+        t = await gw.http.post(
+            gw.base + "/oauth/token",
+            auth=(cred["client_id"], cred["client_secret"]),
+            data={"grant_type": "client_credentials", "resource": gw.mcp_url, "scope": " ".join(scopes)},
+        )
+        if t.status_code != 200:
+            drop = True
+            problems.append(
+                f"the SDK requests all of the PRM scopes_supported (scope={' '.join(scopes)!r}), and "
+                f"POST /oauth/token answers {t.status_code} {t.text} instead of issuing the granted subset"
+            )
+    return problems, fill, drop
+
+
+async def run_sdk_oauth(gw: Gateway, cred: dict[str, str], strict: bool) -> None:
+    name = "[sdk-oauth] ClientCredentialsOAuthProvider: discover from 401, token, list+call in all modes"
+    oauth_logger = logging.getLogger("mcp.client.auth")
+    oauth_logger.setLevel(logging.CRITICAL)  # the SDK logs its own traceback; we report the cause once
+    try:
+        await sdk_oauth_pass(gw, cred)
+    except Exception as e:  # noqa: BLE001
+        reason = describe(e)
+        problems, fill, drop = await diagnose_sdk_oauth(gw, cred)
+        if strict or not problems:
+            R.fail(name, reason + "".join(f"\n      cause: {p}" for p in problems))
+            return
+        R.note(f"the SDK's OAuth client fails against the unmodified server: {reason}")
+        for p in problems:
+            R.note(f"known cause: {p}")
+        shim = f"CompatTransport(fill_authorization_endpoint={fill}, drop_scopes={drop})"
+        async with check(f"{name} through {shim}; TOOLGATE_STRICT_SDK_OAUTH=1 forbids the shim"):
+            await sdk_oauth_pass(gw, cred, lambda: CompatTransport(gw.base, fill, drop))
+    else:
+        R.ok(name)
+    finally:
+        oauth_logger.setLevel(logging.NOTSET)
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-url", default=os.environ.get("TOOLGATE_URL", "http://127.0.0.1:8787"))
+    parser.add_argument("--admin-token", default=os.environ.get("TOOLGATE_ADMIN_TOKEN"))
+    parser.add_argument(
+        "--strict-sdk-oauth",
+        action="store_true",
+        default=os.environ.get("TOOLGATE_STRICT_SDK_OAUTH") == "1",
+        help="fail if the SDK's OAuth client needs the compatibility shim",
+    )
+    args = parser.parse_args()
+    if not args.admin_token:
+        parser.error("an admin token is required: --admin-token or TOOLGATE_ADMIN_TOKEN")
+
+    print(f"toolgate MCP client test against {args.base_url} (mcp SDK, modes {', '.join(MODES)})", flush=True)
+    gw = Gateway(args.base_url, args.admin_token)
+    try:
+        try:
+            assistant = await gw.create_client("assistant")
+            meteo = await gw.create_client("meteo")
+        except Exception as e:  # noqa: BLE001
+            R.fail("admin API creates OAuth clients for assistant and meteo", describe(e))
+            return finish()
+        R.ok("admin API creates OAuth clients for assistant and meteo")
+
+        for mode in MODES:
+            try:
+                await run_mode(gw, mode, assistant, meteo)
+            except Exception as e:  # noqa: BLE001 - setup of a mode failed; its checks did not run
+                R.fail(f"[{mode}] setup", describe(e))
+
+        await run_sdk_oauth(gw, assistant, args.strict_sdk_oauth)
+    finally:
+        await gw.close()
+    return finish()
+
+
+def finish() -> int:
+    print()
+    if R.failed:
+        print("FAILED checks:")
+        for name, detail in R.failed:
+            print(f"  - {name}: {detail}")
+    if R.notes:
+        print("Notes:")
+        for n in R.notes:
+            print(f"  - {n}")
+    print(f"{len(R.passed)} passed, {len(R.failed)} failed")
+    return 1 if R.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
