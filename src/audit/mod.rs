@@ -135,10 +135,10 @@ pub struct AuditPolicy {
 pub fn redact(args: &Value, policy: &AuditPolicy) -> Value {
     let mut out = args.clone();
     for rule in &policy.redact {
-        if rule.starts_with('/') {
-            if let Some(v) = out.pointer_mut(rule) {
-                *v = Value::String(REDACTED.into());
-            }
+        if rule.starts_with('/')
+            && let Some(v) = out.pointer_mut(rule)
+        {
+            *v = Value::String(REDACTED.into());
         }
     }
     let keys: Vec<String> = policy
