@@ -11,6 +11,7 @@ pub mod auth;
 pub mod calls;
 pub mod cli;
 pub mod config;
+pub mod cost;
 pub mod db;
 pub mod http;
 pub mod limits;
