@@ -264,3 +264,14 @@ impl TestApp {
         self.token_for(name).await
     }
 }
+
+impl TestApp {
+    /// A GET whose future owns its arguments, for running many at once.
+    pub fn get_owned(
+        &self,
+        uri: String,
+        token: String,
+    ) -> impl std::future::Future<Output = StatusCode> + '_ {
+        async move { self.get(&uri, Some(&token)).await.status }
+    }
+}

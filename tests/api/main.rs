@@ -1,5 +1,6 @@
 //! Integration tests: the real router over a fresh Postgres database per test.
 
+mod audit;
 mod helpers;
 mod mcp;
 mod policy;

@@ -1,0 +1,389 @@
+//! The audit log: complete, durable before answers, tamper-evident, fail-closed.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use http::StatusCode;
+use serde_json::{Value, json};
+use sqlx::{PgPool, Row};
+
+use crate::helpers::{TestApp, repo_path, single_op, write_group};
+use toolgate::audit::chain::Verifier;
+use toolgate::db::audit::AuditFilter;
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn concurrent_calls_leave_exactly_their_records(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    // An agent without rate limits (the example `meteo` has some).
+    let token = app.agent("bulk", &["weather"]).await;
+    let n = 20;
+
+    let calls = (0..n).map(|i| {
+        let city = ["Paris", "Tokyo", "Cairo", "Sydney"][i % 4];
+        app.get_owned(
+            format!("/tools/weather/forecast?city={city}&days={}", 1 + i % 7),
+            token.clone(),
+        )
+    });
+    let replies = futures::future::join_all(calls).await;
+
+    assert!(replies.iter().all(|s| *s == StatusCode::OK), "{replies:?}");
+    assert_eq!(count(&pool, "SELECT count(*) FROM audit_events WHERE event_type = 'tool.call' AND outcome = 'started'").await, n as i64);
+    assert_eq!(count(&pool, "SELECT count(*) FROM audit_events WHERE event_type = 'tool.result' AND outcome = 'success'").await, n as i64);
+    let incomplete = count(
+        &pool,
+        "SELECT count(*) FROM audit_events WHERE event_type = 'tool.result' AND (agent IS NULL OR client_id IS NULL OR jti IS NULL
+           OR tool IS NULL OR request_id IS NULL OR latency_us IS NULL OR bytes_in IS NULL OR bytes_out IS NULL
+           OR result_sha256 IS NULL OR call_id IS NULL OR instance IS NULL)",
+    )
+    .await;
+    assert_eq!(incomplete, 0, "call records with missing fields");
+    let unpaired = count(
+        &pool,
+        "SELECT count(*) FROM audit_events s WHERE s.outcome = 'started'
+           AND NOT EXISTS (SELECT 1 FROM audit_events r WHERE r.event_type = 'tool.result' AND r.call_id = s.call_id)",
+    )
+    .await;
+    assert_eq!(unpaired, 0);
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn denials_and_token_events_are_recorded(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let (id, secret) = app.client_for("assistant").await;
+    let token = app.token_with(&id, &secret).await;
+
+    app.call(&token, "weather__current", json!({"city": "Paris"}))
+        .await;
+    app.get("/openapi.json", Some("not-a-token")).await;
+    app.token_request(
+        &[("grant_type", "client_credentials")],
+        Some((&id, "wrong")),
+    )
+    .await;
+    app.token_request(
+        &[
+            ("grant_type", "client_credentials"),
+            ("scope", "tools:weather"),
+        ],
+        Some((&id, &secret)),
+    )
+    .await;
+    app.tool_names(&token).await;
+
+    // The refused-token event is written without making the 401 wait for it.
+    for _ in 0..50 {
+        if count(
+            &pool,
+            "SELECT count(*) FROM audit_events WHERE event_type = 'auth.rejected'",
+        )
+        .await
+            > 0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let kinds: Vec<(String, String)> =
+        sqlx::query_as("SELECT event_type, outcome FROM audit_events ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    for expected in [
+        ("token.issued", "success"),
+        ("tool.call", "denied"),
+        ("auth.rejected", "denied"),
+        ("client_auth.failed", "denied"),
+        ("token.issued", "denied"),
+        ("tools/list", "success"),
+        ("admin.change", "success"),
+    ] {
+        assert!(
+            kinds.contains(&(expected.0.to_owned(), expected.1.to_owned())),
+            "{expected:?} missing from {kinds:?}"
+        );
+    }
+    let shown: String =
+        sqlx::query_scalar("SELECT details FROM audit_events WHERE event_type = 'tools/list'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&shown).unwrap()["shown"],
+        json!(["search__get", "search__query"])
+    );
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn arguments_are_redacted_and_results_kept_as_hashes(pool: PgPool) {
+    let root = tempfile::tempdir().unwrap();
+    let schema = json!({"type": "object", "properties": {"user": {"type": "string"}, "password": {"type": "string"}, "card": {"type": "object"}}});
+    let mut doc = single_op("login", schema.clone(), json!({}));
+    doc["x-toolgate-audit"] = json!({"redact": ["/card/number"]});
+    write_group(
+        root.path(),
+        "bank",
+        &doc,
+        &[("login.sh", "#!/bin/sh\necho '{\"balance\": 12}'\n")],
+    );
+    let mut open = single_op("echo", schema, json!({}));
+    open["x-toolgate-audit"] = json!({"store_results": true});
+    write_group(
+        root.path(),
+        "open",
+        &open,
+        &[("echo.sh", "#!/bin/sh\necho '{\"ok\": true}'\n")],
+    );
+    let app = TestApp::with(pool.clone(), root.path(), None, &[]).await;
+    let token = app.agent("teller", &["bank", "open"]).await;
+
+    app.call(
+        &token,
+        "bank__login",
+        json!({"user": "ann", "password": "hunter2", "card": {"number": "4111", "exp": "12/30"}}),
+    )
+    .await;
+    app.call(&token, "open__echo", json!({"user": "bob"})).await;
+
+    let rows = sqlx::query("SELECT tool, arguments, result, result_sha256 FROM audit_events WHERE event_type = 'tool.call' AND outcome = 'started' ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let args: Value = serde_json::from_str(rows[0].get::<&str, _>(1)).unwrap();
+    assert_eq!(
+        args,
+        json!({"user": "ann", "password": "[REDACTED]", "card": {"number": "[REDACTED]", "exp": "12/30"}})
+    );
+    let results: Vec<(String, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT tool, result, result_sha256 FROM audit_events WHERE event_type = 'tool.result' ORDER BY id").fetch_all(&pool).await.unwrap();
+    assert_eq!(results[0].1, None, "a result was stored without opt-in");
+    assert_eq!(results[0].2.as_ref().map(String::len), Some(64));
+    assert_eq!(results[1].1.as_deref(), Some("{\"ok\":true}"));
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn verify_passes_on_a_clean_log_and_finds_an_edited_row(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let token = app.token_for("meteo").await;
+    for city in ["Paris", "Tokyo", "Atlantis"] {
+        app.call(&token, "weather__current", json!({"city": city}))
+            .await;
+    }
+    assert_eq!(walk(&pool).await, Ok(()));
+
+    // An export verifies offline with the CLI.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let mut rows = std::pin::pin!(toolgate::db::audit::stream(
+        pool.clone(),
+        AuditFilter::default()
+    ));
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().await {
+        out.extend(toolgate::audit::export::jsonl_line(&r.unwrap()));
+    }
+    std::fs::write(file.path(), &out).unwrap();
+    let ok = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["audit", "verify", "--file"])
+        .arg(file.path())
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+
+    // Someone with SQL access quietly turns a failure into a success.
+    sqlx::query("ALTER TABLE audit_events DISABLE TRIGGER USER")
+        .execute(&pool)
+        .await
+        .unwrap();
+    for part in sqlx::query_scalar::<_, String>("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE c.relkind = 'r'").fetch_all(&pool).await.unwrap() {
+        sqlx::query(&format!("ALTER TABLE {part} DISABLE TRIGGER USER")).execute(&pool).await.unwrap();
+    }
+    let edited: i64 = sqlx::query_scalar(
+        "UPDATE audit_events SET outcome = 'success', error = NULL WHERE id = (SELECT min(id) FROM audit_events WHERE outcome = 'tool_error') RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let broken = walk(&pool).await.unwrap_err();
+    assert_eq!(broken.0, Some(edited));
+    assert!(broken.1.contains("edited"), "{}", broken.1);
+
+    let tampered = String::from_utf8(out).unwrap().replacen(
+        "\"outcome\":\"tool_error\"",
+        "\"outcome\":\"success\"",
+        1,
+    );
+    std::fs::write(file.path(), tampered).unwrap();
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["audit", "verify", "--file"])
+        .arg(file.path())
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stdout).contains("BROKEN"),
+        "{}",
+        String::from_utf8_lossy(&bad.stdout)
+    );
+}
+
+async fn walk(pool: &PgPool) -> Result<(), (Option<i64>, String)> {
+    let mut v = Verifier::default();
+    let mut rows = std::pin::pin!(toolgate::db::audit::stream(
+        pool.clone(),
+        AuditFilter::default()
+    ));
+    while let Some(r) = rows.next().await {
+        v.check(&r.unwrap()).map_err(|b| (b.id, b.reason))?;
+    }
+    assert!(v.rows > 0);
+    Ok(())
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_burst_beyond_the_limit_is_refused_and_other_agents_are_unaffected(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let meteo = app.token_for("meteo").await;
+    let assistant = app.token_for("assistant").await;
+    let r = app
+        .admin("PUT", "/api/v1/agents/meteo/rate-limits", Some(json!({"rate_limits": [{"pattern": "weather__current", "per_second": 1, "burst": 2}]})))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+
+    // Calls without their required argument are refused in microseconds, after the limit is
+    // taken: the burst is spent well within one second, whatever the machine's load.
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(app.get("/tools/weather/current", Some(&meteo)).await);
+    }
+    let mcp = app.call(&meteo, "weather__current", json!({})).await;
+    let other_tool = app
+        .get("/tools/weather/forecast?city=Paris", Some(&meteo))
+        .await;
+    let other_agent = app
+        .post_json(
+            "/tools/search/query",
+            Some(&assistant),
+            json!({"q": "deploy"}),
+        )
+        .await;
+
+    assert_eq!(statuses[0].status, StatusCode::BAD_REQUEST);
+    assert_eq!(statuses[1].status, StatusCode::BAD_REQUEST);
+    assert_eq!(statuses[2].status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(statuses[2].headers["retry-after"], "1");
+    assert_eq!(mcp.body["error"]["code"], 429, "{}", mcp.text);
+    assert!(
+        mcp.body["error"]["data"]["retry_after_ms"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(other_tool.status, StatusCode::OK);
+    assert_eq!(other_agent.status, StatusCode::OK);
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM audit_events WHERE outcome = 'rate_limited'"
+        )
+        .await,
+        2
+    );
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn export_is_filtered_and_csv_neutralises_formulas(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let token = app.token_for("assistant").await;
+    app.send(
+        http::Request::post("/tools/search/query")
+            .header("authorization", format!("Bearer {token}"))
+            .header("content-type", "application/json")
+            .header("user-agent", "=HYPERLINK(\"http://evil.example\")")
+            .body(axum::body::Body::from(json!({"q": "deploy"}).to_string()))
+            .unwrap(),
+    )
+    .await;
+
+    let csv = app
+        .admin(
+            "GET",
+            "/api/v1/audit/export?format=csv&tool=search__query",
+            None,
+        )
+        .await;
+    let jsonl = app
+        .admin(
+            "GET",
+            "/api/v1/audit/export?format=jsonl&event_type=tool.result",
+            None,
+        )
+        .await;
+    let page = app.admin("GET", "/api/v1/audit?limit=2", None).await;
+
+    assert_eq!(csv.status, StatusCode::OK);
+    assert!(csv.text.starts_with("id,at,chain"), "{}", csv.text);
+    assert_eq!(
+        csv.text.lines().count(),
+        3,
+        "header + started + result: {}",
+        csv.text
+    );
+    // The user agent cell would start with `=`: it is exported with a leading apostrophe.
+    assert!(
+        csv.text
+            .contains(",\"'=HYPERLINK(\"\"http://evil.example\"\")\","),
+        "{}",
+        csv.text
+    );
+    assert!(
+        !csv.text.contains(",=HYPERLINK") && !csv.text.contains(",\"=HYPERLINK"),
+        "{}",
+        csv.text
+    );
+    assert!(
+        jsonl
+            .text
+            .lines()
+            .all(|l| serde_json::from_str::<Value>(l).unwrap()["event_type"] == "tool.result")
+    );
+    assert_eq!(page.body["events"].as_array().unwrap().len(), 2);
+    let before = page.body["next_before"].as_i64().unwrap();
+    let next = app
+        .admin(
+            "GET",
+            &format!("/api/v1/audit?limit=2&before={before}"),
+            None,
+        )
+        .await;
+    assert!(next.body["events"][0]["id"].as_i64().unwrap() < before);
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn retention_drops_old_partitions_and_says_so(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let old = chrono::Utc::now() - chrono::Duration::days(800);
+    toolgate::db::audit::ensure_partition(&mut conn, old)
+        .await
+        .unwrap();
+    let name = toolgate::db::audit::partition_name(old);
+
+    let dropped = toolgate::audit::apply_retention(&app.state).await.unwrap();
+
+    assert_eq!(dropped, [name.clone()]);
+    let note: String =
+        sqlx::query_scalar("SELECT details FROM audit_events WHERE event_type = 'audit.retention'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(note.contains(&name), "{note}");
+    let _ = repo_path("tools");
+}
