@@ -48,8 +48,13 @@ pub fn router(state: AppState) -> Router<AppState> {
     Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn_with_state(
-            state,
+            state.clone(),
             crate::http::require_agent,
+        ))
+        // Outermost: no request reaches a tool while the audit log cannot be written.
+        .layer(axum::middleware::from_fn_with_state(
+            state,
+            crate::http::require_audit,
         ))
 }
 

@@ -25,8 +25,13 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/tools/{*path}", any(call_operation))
         .route("/openapi.json", get(openapi))
         .layer(axum::middleware::from_fn_with_state(
-            state,
+            state.clone(),
             crate::http::require_agent,
+        ))
+        // Outermost: no request reaches a tool while the audit log cannot be written.
+        .layer(axum::middleware::from_fn_with_state(
+            state,
+            crate::http::require_audit,
         ))
 }
 

@@ -1,6 +1,7 @@
 //! Integration tests: the real router over a fresh Postgres database per test.
 
 mod audit;
+mod durability;
 mod helpers;
 mod mcp;
 mod policy;
