@@ -120,6 +120,10 @@ impl AppState {
         let chain = format!("{}/{}", settings.instance, uuid::Uuid::now_v7());
         let audit =
             crate::audit::writer::AuditLog::spawn(db.clone(), chain, settings.instance.clone());
+        Self::with_audit(settings, db, audit)
+    }
+
+    pub fn with_audit(settings: Settings, db: PgPool, audit: crate::audit::writer::AuditLog) -> Self {
         let limits = crate::limits::RateLimits::new(settings.token_rate.0, settings.token_rate.1);
         Self(Arc::new(Inner {
             audit,
