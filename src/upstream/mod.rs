@@ -1,0 +1,431 @@
+//! Upstream MCP servers as tool groups: spawned (stdio) or reached (Streamable HTTP) through
+//! the official SDK's client, supervised, and served under the same grants, limits and audit
+//! as script tools. An agent cannot tell a proxied tool from a script.
+//!
+//! One connection (one child process) per upstream, never per call or per agent. The agent's
+//! token never travels upstream: the upstream gets only its own configured credentials.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServiceExt};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::pool::{Execution, GroupStatus, HttpBinding, LoadError, SEPARATOR, Tool, ToolName, ToolSource};
+
+/// How an upstream is declared (`policies/upstreams/<group>.yaml`, or the admin API).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSpec {
+    #[serde(flatten)]
+    pub transport: Transport,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// Per-call timeout.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Calls in flight at once to this upstream.
+    #[serde(default = "default_concurrency")]
+    pub max_concurrency: usize,
+    /// How often the tool list is re-read.
+    #[serde(default = "default_refresh")]
+    pub refresh_secs: u64,
+}
+
+fn default_timeout_ms() -> u64 {
+    30_000
+}
+fn default_concurrency() -> usize {
+    8
+}
+fn default_refresh() -> u64 {
+    60
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "transport", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Transport {
+    Stdio {
+        command: String,
+        #[serde(default)]
+        args: Vec<String>,
+        /// Environment of the child; nothing else of the gateway's environment is passed
+        /// but PATH, HOME, LANG and TZ.
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+    },
+    Http {
+        url: String,
+        /// Static headers sent with every request (e.g. an API key of the upstream's own).
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+        /// OAuth client credentials at the upstream's own authorization server.
+        #[serde(default)]
+        oauth: Option<OAuthSpec>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthSpec {
+    pub token_url: String,
+    pub client_id: String,
+    /// Name of the environment variable holding the client secret (never the secret itself).
+    pub client_secret_env: String,
+    #[serde(default)]
+    pub scope: Option<String>,
+}
+
+/// Health, as the API and the UI show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Health {
+    pub state: &'static str,
+    pub tools: usize,
+    pub last_error: Option<String>,
+    pub consecutive_failures: u32,
+    /// The circuit is open: calls fail at once until this many ms have passed.
+    pub circuit_open_ms: Option<u64>,
+}
+
+/// Calls failing in a row before the circuit opens, and how long it stays open.
+const BREAKER_THRESHOLD: u32 = 3;
+const BREAKER_OPEN: Duration = Duration::from_secs(10);
+
+struct Shared {
+    group: String,
+    spec: UpstreamSpec,
+    client: tokio::sync::RwLock<Option<RunningService<RoleClient, ()>>>,
+    tools: Mutex<Vec<rmcp::model::Tool>>,
+    status: Mutex<Status>,
+    slots: tokio::sync::Semaphore,
+}
+
+#[derive(Default)]
+struct Status {
+    state: &'static str,
+    last_error: Option<String>,
+    failures: u32,
+    open_until: Option<Instant>,
+}
+
+/// Every upstream this instance runs.
+#[derive(Clone, Default)]
+pub struct Upstreams {
+    inner: Arc<Mutex<HashMap<String, (Arc<Shared>, tokio::task::AbortHandle)>>>,
+}
+
+/// Why a proxied call failed before the upstream answered.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream `{0}` is not connected")]
+    Down(String),
+    #[error("upstream `{0}` is failing; its circuit is open, retry in a few seconds")]
+    CircuitOpen(String),
+    #[error("upstream `{0}` did not answer within {1} ms")]
+    Timeout(String, u64),
+    #[error("upstream `{0}` failed: {1}")]
+    Failed(String, String),
+}
+
+impl Upstreams {
+    /// Starts, restarts or stops supervisors so that exactly `specs` run; `on_change` is called
+    /// whenever an upstream's tool list changes (to rebuild the catalog).
+    pub fn reconcile(&self, specs: &BTreeMap<String, UpstreamSpec>, on_change: Arc<dyn Fn() + Send + Sync>) {
+        let mut running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        running.retain(|name, (shared, task)| {
+            let keep = specs.get(name) == Some(&shared.spec);
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for (name, spec) in specs {
+            if running.contains_key(name) {
+                continue;
+            }
+            let shared = Arc::new(Shared {
+                group: name.clone(),
+                spec: spec.clone(),
+                client: tokio::sync::RwLock::new(None),
+                tools: Mutex::new(Vec::new()),
+                status: Mutex::new(Status { state: "connecting", ..Status::default() }),
+                slots: tokio::sync::Semaphore::new(spec.max_concurrency.max(1)),
+            });
+            let task = tokio::spawn(supervise(shared.clone(), on_change.clone()));
+            running.insert(name.clone(), (shared, task.abort_handle()));
+        }
+        drop(running);
+        on_change();
+    }
+
+    /// The pool's view of the upstreams: their tools, and a status per group.
+    pub fn catalog_part(&self) -> (Vec<Arc<Tool>>, Vec<GroupStatus>) {
+        let running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tools = Vec::new();
+        let mut groups = Vec::new();
+        let mut names: Vec<&String> = running.keys().collect();
+        names.sort();
+        for name in names {
+            let shared = &running[name].0;
+            let listed = shared.tools.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let status = shared.status.lock().unwrap_or_else(|p| p.into_inner());
+            let mut problems = Vec::new();
+            let mut count = 0;
+            for t in listed {
+                match to_pool_tool(name, &t) {
+                    Ok(tool) => {
+                        count += 1;
+                        tools.push(Arc::new(tool));
+                    }
+                    Err(e) => problems.push(e),
+                }
+            }
+            let error = status.last_error.clone().map(|e| format!("{}: {e}", status.state)).into_iter().chain(problems).next();
+            groups.push(GroupStatus {
+                name: name.clone(),
+                folder: format!("upstream:{name}"),
+                source: "upstream",
+                tools: count,
+                error: error.map(|reason| LoadError { folder: format!("upstream:{name}"), file: format!("upstreams/{name}"), reason }),
+            });
+        }
+        (tools, groups)
+    }
+
+    pub fn health(&self) -> BTreeMap<String, Health> {
+        let running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        running
+            .iter()
+            .map(|(name, (s, _))| {
+                let st = s.status.lock().unwrap_or_else(|p| p.into_inner());
+                let open = st.open_until.and_then(|u| u.checked_duration_since(Instant::now())).map(|d| d.as_millis() as u64);
+                (
+                    name.clone(),
+                    Health {
+                        state: st.state,
+                        tools: s.tools.lock().map(|t| t.len()).unwrap_or(0),
+                        last_error: st.last_error.clone(),
+                        consecutive_failures: st.failures,
+                        circuit_open_ms: open,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Forwards a call with the tool's original name and the upstream's own credentials.
+    pub async fn call(&self, group: &str, tool: &str, args: Map<String, Value>) -> Result<CallToolResult, UpstreamError> {
+        let shared = {
+            let running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            running.get(group).map(|(s, _)| s.clone()).ok_or_else(|| UpstreamError::Down(group.to_owned()))?
+        };
+        {
+            let st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
+            if st.open_until.is_some_and(|u| u > Instant::now()) {
+                return Err(UpstreamError::CircuitOpen(group.to_owned()));
+            }
+        }
+        let timeout = Duration::from_millis(shared.spec.timeout_ms);
+        let work = async {
+            let _slot = shared.slots.acquire().await.map_err(|_| UpstreamError::Down(group.to_owned()))?;
+            let client = shared.client.read().await;
+            let client = client.as_ref().ok_or_else(|| UpstreamError::Down(group.to_owned()))?;
+            let mut params = CallToolRequestParams::new(tool.to_owned());
+            params.arguments = Some(args);
+            client.call_tool(params).await.map_err(|e| UpstreamError::Failed(group.to_owned(), e.to_string()))
+        };
+        let result = match tokio::time::timeout(timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(UpstreamError::Timeout(group.to_owned(), shared.spec.timeout_ms)),
+        };
+        let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
+        match &result {
+            Ok(_) => {
+                st.failures = 0;
+                st.open_until = None;
+            }
+            Err(e) => {
+                st.failures += 1;
+                st.last_error = Some(e.to_string());
+                if st.failures >= BREAKER_THRESHOLD {
+                    st.open_until = Some(Instant::now() + BREAKER_OPEN);
+                }
+            }
+        }
+        result
+    }
+}
+
+/// Converts an upstream tool into a pool tool named `<group>__<tool>`.
+fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
+    let name = ToolName::parse(&format!("{group}{SEPARATOR}{}", t.name)).map_err(|e| format!("tool `{}` skipped: {e}", t.name))?;
+    let schema = Value::Object((*t.input_schema).clone());
+    // Upstream schemas are hostile input too: no network `$ref`s are resolved.
+    let validator = jsonschema::options()
+        .build(&schema)
+        .map_err(|e| format!("tool `{}` skipped: invalid input schema: {e}", t.name))?;
+    let props: Vec<String> = t
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default();
+    let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
+    sha2::Digest::update(&mut hasher, serde_json::to_vec(t).unwrap_or_default());
+    Ok(Tool {
+        name,
+        group: group.to_owned(),
+        operation: t.name.to_string(),
+        title: t.title.clone(),
+        description: t.description.as_ref().map(|d| d.to_string()),
+        input_schema: t.input_schema.clone(),
+        content_hash: hex::encode(sha2::Digest::finalize(hasher)),
+        source: ToolSource::Upstream { upstream: group.to_owned() },
+        http: Some(HttpBinding {
+            method: http::Method::POST,
+            path: format!("/{}", t.name),
+            path_params: Vec::new(),
+            query_params: Vec::new(),
+            body_params: props,
+            operation: serde_json::json!({
+                "summary": t.title.clone().or_else(|| t.description.as_ref().map(|d| d.to_string())),
+                "description": t.description,
+                "requestBody": {"content": {"application/json": {"schema": schema}}},
+                "responses": {"200": {"description": "The tool's result"}},
+            }),
+        }),
+        exec: Execution::Upstream { upstream: group.to_owned(), tool: t.name.to_string() },
+        validator: Arc::new(validator),
+        ui: None,
+        audit: Arc::new(crate::audit::AuditPolicy::default()),
+        annotations: t.annotations.clone(),
+        meta: t.meta.clone(),
+    })
+}
+
+async fn connect(spec: &UpstreamSpec) -> Result<RunningService<RoleClient, ()>, String> {
+    match &spec.transport {
+        Transport::Stdio { command, args, env } => {
+            let mut cmd = tokio::process::Command::new(command);
+            cmd.args(args).env_clear().kill_on_drop(true);
+            for name in ["PATH", "HOME", "LANG", "TZ"] {
+                if let Ok(v) = std::env::var(name) {
+                    cmd.env(name, v);
+                }
+            }
+            cmd.envs(env);
+            let (transport, _stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| format!("cannot start `{command}`: {e}"))?;
+            ().serve(transport).await.map_err(|e| format!("handshake failed: {e}"))
+        }
+        Transport::Http { url, headers, oauth } => {
+            use rmcp::transport::StreamableHttpClientTransport;
+            use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+            let mut custom = HashMap::new();
+            for (k, v) in headers {
+                let name = http::HeaderName::try_from(k.as_str()).map_err(|e| format!("header `{k}`: {e}"))?;
+                let value = http::HeaderValue::try_from(v.as_str()).map_err(|e| format!("header `{k}`: {e}"))?;
+                custom.insert(name, value);
+            }
+            let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom);
+            config.allow_stateless = true;
+            if let Some(o) = oauth {
+                config = config.auth_header(upstream_token(o).await?);
+            }
+            ().serve(StreamableHttpClientTransport::from_config(config)).await.map_err(|e| format!("cannot reach {url}: {e}"))
+        }
+    }
+}
+
+/// Client credentials at the upstream's own authorization server.
+async fn upstream_token(o: &OAuthSpec) -> Result<String, String> {
+    use oauth2::{ClientId, ClientSecret, Scope, TokenResponse, TokenUrl};
+    let secret = std::env::var(&o.client_secret_env).map_err(|_| format!("environment variable `{}` is not set", o.client_secret_env))?;
+    let client = oauth2::basic::BasicClient::new(ClientId::new(o.client_id.clone()))
+        .set_client_secret(ClientSecret::new(secret))
+        .set_token_uri(TokenUrl::new(o.token_url.clone()).map_err(|e| e.to_string())?);
+    let http = oauth2::reqwest::ClientBuilder::new()
+        .redirect(oauth2::reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut request = client.exchange_client_credentials();
+    if let Some(s) = &o.scope {
+        request = request.add_scope(Scope::new(s.clone()));
+    }
+    let token = request.request_async(&http).await.map_err(|e| format!("upstream token request failed: {e}"))?;
+    Ok(token.access_token().secret().clone())
+}
+
+fn set_status(shared: &Shared, state: &'static str, error: Option<String>) {
+    let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
+    st.state = state;
+    if error.is_some() || state == "up" {
+        st.last_error = error;
+    }
+}
+
+/// Keeps one upstream connected: connect, list, refresh; on loss, reconnect with backoff.
+async fn supervise(shared: Arc<Shared>, on_change: Arc<dyn Fn() + Send + Sync>) {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        set_status(&shared, "connecting", None);
+        match connect(&shared.spec).await {
+            Ok(client) => {
+                backoff = Duration::from_millis(500);
+                *shared.client.write().await = Some(client);
+                set_status(&shared, "up", None);
+                tracing::info!(upstream = %shared.group, "upstream connected");
+                loop {
+                    let listed = {
+                        let guard = shared.client.read().await;
+                        match guard.as_ref() {
+                            Some(c) if !c.is_closed() => c.list_all_tools().await.map_err(|e| e.to_string()),
+                            _ => Err("connection closed".to_owned()),
+                        }
+                    };
+                    match listed {
+                        Ok(tools) => {
+                            let changed = {
+                                let mut current = shared.tools.lock().unwrap_or_else(|p| p.into_inner());
+                                let changed = *current != tools;
+                                *current = tools;
+                                changed
+                            };
+                            if changed {
+                                on_change();
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(upstream = %shared.group, error = %e, "upstream lost");
+                            set_status(&shared, "down", Some(e));
+                            break;
+                        }
+                    }
+                    // Re-list periodically; a closed connection is noticed within a second.
+                    let deadline = Instant::now() + Duration::from_secs(shared.spec.refresh_secs.max(1));
+                    while Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        if shared.client.read().await.as_ref().is_none_or(|c| c.is_closed()) {
+                            break;
+                        }
+                    }
+                }
+                if let Some(old) = shared.client.write().await.take() {
+                    let _ = old.cancel().await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(upstream = %shared.group, error = %e, "upstream unavailable");
+                set_status(&shared, "down", Some(e));
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
