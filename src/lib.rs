@@ -1,7 +1,7 @@
 //! toolgate: a policy-and-audit gateway that serves a pool of tools (script folders) to AI
 //! agents over MCP and REST, each agent only its granted share.
 //!
-//! Core (no HTTP): [`pool`], [`policy`], [`auth`], [`calls`], [`service`], [`db`].
+//! Core (no HTTP): [`pool`], [`policy`], [`search`], [`auth`], [`calls`], [`service`], [`db`].
 //! Surfaces: [`mcp`], [`rest`], [`api`], [`oauth`], over [`app`] and [`http`].
 
 pub mod api;
@@ -21,5 +21,6 @@ pub mod oauth;
 pub mod policy;
 pub mod pool;
 pub mod rest;
+pub mod search;
 pub mod service;
 pub mod telemetry;

@@ -5,7 +5,7 @@
 //! the snapshot and never queries Postgres.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
 use chrono::{DateTime, Utc};
@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use super::{GrantTarget, may_use};
 use crate::pool::{Catalog, Tool};
+use crate::search::SearchIndex;
 
 /// How an agent's `tools/list` is shaped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -137,18 +138,42 @@ impl AgentView {
     }
 }
 
+/// Memo key of a `tools/list` token count: the agent and its token's prefixes (sorted), or
+/// `None` for a token carrying all of the agent's grants.
+type ListKey = (String, Option<Vec<String>>);
+
+/// Bound on the token-count memo; it is cleared, not evicted, when full.
+const MAX_MEMO: usize = 4096;
+
 /// Everything a request needs to decide, in memory.
 #[derive(Debug, Default)]
 pub struct PolicySnapshot {
     pub catalog: Arc<Catalog>,
+    /// The catalog's search index: rebuilt with the catalog, shared by policy-only rebuilds.
+    search: Arc<SearchIndex>,
     agents: HashMap<String, Arc<AgentView>>,
     clients: HashMap<String, String>,
     revoked: HashSet<Uuid>,
     keys: HashMap<String, Vec<u8>>,
+    /// Tokens of visible tools' definitions, computed on first use: a pure function of this
+    /// snapshot, so it lives and dies with it.
+    list_tokens: Mutex<HashMap<ListKey, usize>>,
+    pool_tokens: OnceLock<usize>,
 }
 
 impl PolicySnapshot {
+    /// A snapshot with a search index built for `catalog`.
     pub fn build(catalog: Arc<Catalog>, state: &PolicyState) -> Self {
+        let search = Arc::new(SearchIndex::build(&catalog, None));
+        Self::build_indexed(catalog, search, state)
+    }
+
+    /// A snapshot over `catalog` and its already built `search` index.
+    pub fn build_indexed(
+        catalog: Arc<Catalog>,
+        search: Arc<SearchIndex>,
+        state: &PolicyState,
+    ) -> Self {
         let agents = state
             .agents
             .iter()
@@ -195,6 +220,7 @@ impl PolicySnapshot {
             .collect();
         Self {
             catalog,
+            search,
             agents,
             clients: state
                 .clients
@@ -207,7 +233,14 @@ impl PolicySnapshot {
                 .iter()
                 .map(|k| (k.kid.clone(), k.public_key.clone()))
                 .collect(),
+            list_tokens: Mutex::default(),
+            pool_tokens: OnceLock::new(),
         }
+    }
+
+    /// The catalog's search index; search it through [`Self::visible`].
+    pub fn search_index(&self) -> &SearchIndex {
+        &self.search
     }
 
     pub fn agent(&self, name: &str) -> Option<&Arc<AgentView>> {
@@ -257,6 +290,58 @@ impl PolicySnapshot {
         self.catalog.get(name).cloned()
     }
 
+    /// How `principal`'s `tools/list` is served: `Full` or `Search`, with `Auto` resolved
+    /// against `budget` by the tokens of the tools this principal sees.
+    pub fn effective_discovery(&self, principal: &Principal, budget: usize) -> Discovery {
+        let Some(agent) = self.agents.get(&principal.agent) else {
+            return Discovery::Full;
+        };
+        crate::search::resolve_discovery(
+            agent.record.discovery,
+            || self.list_tokens(principal),
+            budget,
+        )
+    }
+
+    /// Tokens of the `tools/list` entries of the tools `principal` sees.
+    pub fn list_tokens(&self, principal: &Principal) -> usize {
+        let mut prefixes: Vec<String> = principal.prefixes.iter().map(|p| p.to_prefix()).collect();
+        prefixes.sort();
+        prefixes.dedup();
+        self.memo((principal.agent.clone(), Some(prefixes)), || {
+            crate::cost::tools_list_tokens(&self.visible(principal))
+        })
+    }
+
+    /// Tokens of the `tools/list` entries of every tool `agent`'s live grants match.
+    pub fn agent_list_tokens(&self, agent: &AgentView) -> usize {
+        self.memo((agent.record.name.clone(), None), || {
+            crate::cost::tools_list_tokens(&agent.visible)
+        })
+    }
+
+    /// Tokens of the `tools/list` entries of the whole pool.
+    pub fn pool_list_tokens(&self) -> usize {
+        *self
+            .pool_tokens
+            .get_or_init(|| crate::cost::tools_list_tokens(self.catalog.tools()))
+    }
+
+    fn memo(&self, key: ListKey, count: impl FnOnce() -> usize) -> usize {
+        let lock = || self.list_tokens.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = lock().get(&key) {
+            return *n;
+        }
+        // Counted outside the lock: tokenizing a large list takes milliseconds.
+        let n = count();
+        let mut memo = lock();
+        if memo.len() >= MAX_MEMO {
+            memo.clear();
+        }
+        memo.insert(key, n);
+        n
+    }
+
     /// Number of grants that match no tool, across all agents.
     pub fn zero_match_grant_count(&self) -> usize {
         self.agents
@@ -274,21 +359,36 @@ impl PolicySnapshot {
     }
 }
 
+/// The inputs a snapshot is built from; the search index follows the catalog.
+#[derive(Debug, Default)]
+struct Inputs {
+    catalog: Arc<Catalog>,
+    search: Arc<SearchIndex>,
+    state: Arc<PolicyState>,
+}
+
+impl Inputs {
+    fn snapshot(&self) -> Arc<PolicySnapshot> {
+        Arc::new(PolicySnapshot::build_indexed(
+            self.catalog.clone(),
+            self.search.clone(),
+            &self.state,
+        ))
+    }
+}
+
 /// The current snapshot, swapped atomically when either input changes.
 #[derive(Debug)]
 pub struct PolicyHandle {
     current: ArcSwap<PolicySnapshot>,
-    inputs: Mutex<(Arc<Catalog>, Arc<PolicyState>)>,
+    inputs: Mutex<Inputs>,
 }
 
 impl Default for PolicyHandle {
     fn default() -> Self {
         Self {
             current: ArcSwap::from_pointee(PolicySnapshot::default()),
-            inputs: Mutex::new((
-                Arc::new(Catalog::default()),
-                Arc::new(PolicyState::default()),
-            )),
+            inputs: Mutex::new(Inputs::default()),
         }
     }
 }
@@ -298,18 +398,19 @@ impl PolicyHandle {
         self.current.load_full()
     }
 
+    /// Swaps in a new catalog and its search index (unchanged tools keep their analysis).
     pub fn set_catalog(&self, catalog: Arc<Catalog>) {
         let mut inputs = self.inputs.lock().unwrap_or_else(|p| p.into_inner());
-        inputs.0 = catalog;
-        self.current
-            .store(Arc::new(PolicySnapshot::build(inputs.0.clone(), &inputs.1)));
+        inputs.search = Arc::new(SearchIndex::build(&catalog, Some(&inputs.search)));
+        inputs.catalog = catalog;
+        self.current.store(inputs.snapshot());
     }
 
+    /// Swaps in new control-plane state; the catalog's search index is reused as it is.
     pub fn set_state(&self, state: PolicyState) {
         let mut inputs = self.inputs.lock().unwrap_or_else(|p| p.into_inner());
-        inputs.1 = Arc::new(state);
-        self.current
-            .store(Arc::new(PolicySnapshot::build(inputs.0.clone(), &inputs.1)));
+        inputs.state = Arc::new(state);
+        self.current.store(inputs.snapshot());
     }
 
     pub fn catalog(&self) -> Arc<Catalog> {

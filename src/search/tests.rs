@@ -1,0 +1,351 @@
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::policy::snapshot::{AgentRecord, GrantRecord, PolicyHandle, PolicyState, Principal};
+use crate::policy::{GrantTarget, may_use};
+
+const REFERENCE: &str = include_str!("../../bench/catalogs/reference/tools.json");
+
+fn reference() -> Arc<Catalog> {
+    let defs: Value = serde_json::from_str(REFERENCE).unwrap();
+    Arc::new(catalog_from_definitions(&defs).unwrap())
+}
+
+fn agent(name: &str, grants: &[String], discovery: Discovery, pinned: &[&str]) -> AgentRecord {
+    AgentRecord {
+        id: uuid::Uuid::new_v4(),
+        name: name.to_owned(),
+        description: String::new(),
+        notes: String::new(),
+        discovery,
+        pinned: pinned.iter().map(|p| p.to_string()).collect(),
+        grants: grants
+            .iter()
+            .map(|g| GrantRecord {
+                id: uuid::Uuid::new_v4(),
+                target: g.clone(),
+                created_by: "test".into(),
+                created_at: chrono::Utc::now(),
+            })
+            .collect(),
+        limits: Vec::new(),
+    }
+}
+
+fn principal(agent: &str, prefixes: &[String]) -> Principal {
+    Principal {
+        agent: agent.to_owned(),
+        client_id: "c".into(),
+        jti: None,
+        prefixes: prefixes
+            .iter()
+            .map(|p| GrantTarget::parse(p).unwrap())
+            .collect(),
+    }
+}
+
+fn names(hits: &[Hit]) -> Vec<&str> {
+    hits.iter().map(|h| h.tool.name.as_str()).collect()
+}
+
+#[test]
+fn the_reference_catalog_loads_and_a_plain_query_finds_its_tool() {
+    let catalog = reference();
+    assert_eq!(catalog.len(), 62);
+    let index = SearchIndex::build(&catalog, None);
+    let all: Vec<_> = catalog.tools().cloned().collect();
+    let hits = index.search(&all, "merge a pull request", 5);
+    assert_eq!(hits[0].tool.name.as_str(), "github__merge_pull_request");
+    assert!(hits.windows(2).all(|w| w[0].score >= w[1].score));
+}
+
+#[test]
+fn search_is_limited_to_the_visible_tools() {
+    let catalog = reference();
+    let index = SearchIndex::build(&catalog, None);
+    let slack: Vec<_> = catalog
+        .tools()
+        .filter(|t| t.group == "slack")
+        .cloned()
+        .collect();
+    let hits = index.search(&slack, "merge a pull request", 20);
+    assert!(
+        hits.iter().all(|h| h.tool.group == "slack"),
+        "{:?}",
+        names(&hits)
+    );
+    assert!(index.search(&[], "merge a pull request", 5).is_empty());
+    assert!(
+        index.search(&slack, "zzzz qqqq", 5).is_empty(),
+        "a query matching nothing returns nothing"
+    );
+}
+
+#[test]
+fn auto_lists_in_full_up_to_the_budget_and_searches_above_it() {
+    assert_eq!(
+        resolve_discovery(Discovery::Auto, || 5000, 5000),
+        Discovery::Full
+    );
+    assert_eq!(
+        resolve_discovery(Discovery::Auto, || 5001, 5000),
+        Discovery::Search
+    );
+    assert_eq!(
+        resolve_discovery(Discovery::Full, || 1_000_000, 10),
+        Discovery::Full
+    );
+    assert_eq!(
+        resolve_discovery(Discovery::Search, || 1, 5000),
+        Discovery::Search
+    );
+}
+
+#[test]
+fn the_search_listing_is_the_meta_tools_and_the_visible_pins_in_name_order() {
+    let catalog = reference();
+    let visible: Vec<_> = catalog
+        .tools()
+        .filter(|t| t.group == "slack" || t.group == "github")
+        .cloned()
+        .collect();
+    let pinned = [
+        "slack__post_message".to_owned(),
+        "github__get_issue".to_owned(),
+        // Not visible: never listed, whatever the agent file says.
+        "sentry__list_issues".to_owned(),
+    ];
+    let listed = search_listing(&pinned, &visible);
+    let listed: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
+    assert_eq!(
+        listed,
+        [
+            "call_tool",
+            "github__get_issue",
+            "search_tools",
+            "slack__post_message"
+        ]
+    );
+    assert!(meta_tools().iter().all(|t| !t.name.contains("__")));
+}
+
+#[test]
+fn meta_tool_arguments_are_checked_with_messages_a_model_can_act_on() {
+    let args = |v: Value| v.as_object().unwrap().clone();
+    assert_eq!(
+        parse_search(&args(json!({"query": "post to slack"}))),
+        Ok(SearchRequest {
+            query: "post to slack".into(),
+            limit: DEFAULT_LIMIT
+        })
+    );
+    assert_eq!(
+        parse_search(&args(json!({"query": "x", "limit": 500})))
+            .unwrap()
+            .limit,
+        MAX_LIMIT
+    );
+    assert_eq!(
+        parse_search(&args(json!({"query": "x", "limit": 0})))
+            .unwrap()
+            .limit,
+        1
+    );
+    assert!(parse_search(&args(json!({"query": "  "}))).is_err());
+    assert!(parse_search(&args(json!({"query": 3}))).is_err());
+    assert!(parse_search(&args(json!({"query": "x", "limit": "two"}))).is_err());
+    assert!(parse_search(&args(json!({"query": "x", "k": 1}))).is_err());
+
+    assert_eq!(
+        parse_call(&args(json!({"name": "a__b"}))),
+        Ok(CallRequest {
+            name: "a__b".into(),
+            arguments: json!({})
+        })
+    );
+    assert!(parse_call(&args(json!({"arguments": {}}))).is_err());
+    assert!(parse_call(&args(json!({"name": "a__b", "args": {}}))).is_err());
+}
+
+#[test]
+fn policy_only_rebuilds_reuse_the_index_and_catalog_changes_rebuild_it() {
+    let handle = PolicyHandle::default();
+    handle.set_catalog(reference());
+    let before: *const SearchIndex = handle.load().search_index();
+    handle.set_state(PolicyState {
+        agents: vec![agent("a", &["slack".into()], Discovery::Search, &[])],
+        ..PolicyState::default()
+    });
+    assert!(std::ptr::eq(before, handle.load().search_index()));
+    assert_eq!(handle.load().search_index().len(), 62);
+    handle.set_catalog(Arc::new(Catalog::default()));
+    assert!(handle.load().search_index().is_empty());
+}
+
+#[test]
+fn token_counts_follow_the_principal_and_the_budget() {
+    let handle = PolicyHandle::default();
+    handle.set_catalog(reference());
+    handle.set_state(PolicyState {
+        agents: vec![agent(
+            "a",
+            &["slack".into(), "github".into()],
+            Discovery::Auto,
+            &[],
+        )],
+        ..PolicyState::default()
+    });
+    let snap = handle.load();
+    let wide = principal("a", &["slack".into(), "github".into()]);
+    let narrow = principal("a", &["slack__post_message".into()]);
+    let wide_tokens = snap.list_tokens(&wide);
+    let narrow_tokens = snap.list_tokens(&narrow);
+    assert_eq!(
+        wide_tokens,
+        crate::cost::tools_list_tokens(&snap.visible(&wide))
+    );
+    assert_eq!(
+        wide_tokens,
+        snap.agent_list_tokens(snap.agent("a").unwrap())
+    );
+    assert!(narrow_tokens < wide_tokens);
+    // The same agent, served in full or by search depending on what its token shows.
+    assert_eq!(
+        snap.effective_discovery(&narrow, narrow_tokens),
+        Discovery::Full
+    );
+    assert_eq!(
+        snap.effective_discovery(&wide, narrow_tokens),
+        Discovery::Search
+    );
+    assert_eq!(
+        snap.effective_discovery(&wide, wide_tokens),
+        Discovery::Full
+    );
+    assert!(snap.pool_list_tokens() > wide_tokens);
+}
+
+/// Random grants over the reference catalog: per group nothing, the whole group, or some of
+/// its tools; the token carries a random subset of them (or one it was never granted).
+fn grants_strategy(catalog: Arc<Catalog>) -> impl Strategy<Value = (Vec<String>, Vec<String>)> {
+    let groups = catalog.group_names();
+    let tools: Vec<String> = catalog.tools().map(|t| t.name.to_string()).collect();
+    let per_group = groups.len();
+    (
+        proptest::collection::vec(0u8..3, per_group),
+        proptest::collection::vec(any::<bool>(), tools.len()),
+        proptest::collection::vec(any::<bool>(), per_group + tools.len()),
+        any::<bool>(),
+    )
+        .prop_map(move |(mode, pick, carry, stranger)| {
+            let mut grants = Vec::new();
+            for (g, m) in groups.iter().zip(&mode) {
+                match m {
+                    1 => grants.push(g.clone()),
+                    2 => grants.extend(
+                        tools
+                            .iter()
+                            .zip(&pick)
+                            .filter(|(t, p)| **p && t.starts_with(&format!("{g}__")))
+                            .map(|(t, _)| t.clone()),
+                    ),
+                    _ => {}
+                }
+            }
+            let mut prefixes: Vec<String> = grants
+                .iter()
+                .zip(&carry)
+                .filter(|(_, c)| **c)
+                .map(|(g, _)| g.clone())
+                .collect();
+            if stranger {
+                // A token prefix the live grants do not back: must show nothing by itself.
+                prefixes.push("grafana".into());
+            }
+            (grants, prefixes)
+        })
+}
+
+/// Query words: catalog vocabulary, a stop word, and one that matches nothing.
+const QUERY_WORDS: &[&str] = &[
+    "merge",
+    "pull",
+    "request",
+    "issue",
+    "slack",
+    "post",
+    "message",
+    "channel",
+    "alert",
+    "dashboard",
+    "logs",
+    "search",
+    "error",
+    "release",
+    "prometheus",
+    "query",
+    "user",
+    "thread",
+    "splunk",
+    "index",
+    "the",
+    "owner",
+    "page",
+    "zzz",
+];
+
+fn query_strategy() -> impl Strategy<Value = String> {
+    proptest::collection::vec(proptest::sample::select(QUERY_WORDS), 1..6).prop_map(|w| w.join(" "))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The guarantee: whatever the grants and the token, search returns only tools the caller
+    /// may see and call, and ranks them exactly as an index of those tools alone would.
+    #[test]
+    fn search_never_returns_a_tool_the_caller_cannot_see(
+        (grants, prefixes) in grants_strategy(reference()),
+        query in query_strategy(),
+        limit in 1usize..=MAX_LIMIT,
+    ) {
+        let catalog = reference();
+        let handle = PolicyHandle::default();
+        handle.set_catalog(catalog.clone());
+        handle.set_state(PolicyState {
+            agents: vec![
+                agent("a", &grants, Discovery::Search, &[]),
+                // Another agent that sees everything: its grants must not leak into a's search.
+                agent("b", &catalog.group_names(), Discovery::Search, &[]),
+            ],
+            ..PolicyState::default()
+        });
+        let snap = handle.load();
+        let who = principal("a", &prefixes);
+        let visible = snap.visible(&who);
+        let live: Vec<GrantTarget> = grants.iter().map(|g| GrantTarget::parse(g).unwrap()).collect();
+
+        let hits = snap.search_index().search(&visible, &query, limit);
+
+        prop_assert!(hits.len() <= limit);
+        let visible_names: BTreeSet<&str> = visible.iter().map(|t| t.name.as_str()).collect();
+        for h in &hits {
+            let name = h.tool.name.as_str();
+            prop_assert!(visible_names.contains(name), "{name} is not visible");
+            prop_assert!(may_use(&live, &who.prefixes, name), "{name} is not granted");
+            prop_assert!(snap.resolve(&who, name).is_some());
+        }
+        // Statistics come from the visible set only: same hits, same scores, bit for bit, as
+        // an index built over the visible tools alone.
+        let alone = SearchIndex::build(&Catalog::new(visible.clone(), Vec::new()), None);
+        let expected = alone.search(&visible, &query, limit);
+        prop_assert_eq!(names(&hits), names(&expected));
+        for (h, e) in hits.iter().zip(&expected) {
+            prop_assert_eq!(h.score.to_bits(), e.score.to_bits());
+        }
+    }
+}
