@@ -28,6 +28,8 @@ pub struct Settings {
     pub admin_token: Option<String>,
     pub token_ttl: Duration,
     pub page_size: usize,
+    /// Tokens of tool definitions up to which `discovery: auto` lists in full.
+    pub search_token_budget: usize,
     pub allowed_hosts: Vec<String>,
     pub allowed_origins: Vec<String>,
     pub loader: LoaderSettings,
@@ -70,6 +72,7 @@ impl Settings {
             admin_token: args.admin_token.clone().filter(|t| !t.is_empty()),
             token_ttl: Duration::from_secs(args.token_ttl_secs.clamp(30, 86_400)),
             page_size: args.page_size.clamp(1, 1000),
+            search_token_budget: args.search_token_budget,
             allowed_hosts,
             allowed_origins,
             loader: LoaderSettings {

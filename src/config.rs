@@ -129,6 +129,10 @@ pub struct ServeArgs {
     /// Page size of tools/list.
     #[arg(long, env = "TOOLGATE_PAGE_SIZE", default_value_t = 100)]
     pub page_size: usize,
+    /// `discovery: auto` agents get their tools in full up to this many tokens of definitions,
+    /// and the search meta-tools above it.
+    #[arg(long, env = "TOOLGATE_SEARCH_TOKEN_BUDGET", default_value_t = crate::search::DEFAULT_TOKEN_BUDGET)]
+    pub search_token_budget: usize,
 }
 
 #[derive(Debug, Subcommand)]

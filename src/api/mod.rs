@@ -142,11 +142,16 @@ async fn get_agent(
         .into_iter()
         .find(|a| a.name == name)
         .ok_or_else(|| ServiceError::NotFound(format!("agent `{name}`")))?;
-    let tools: Vec<&str> = snapshot
+    let agent = snapshot
         .agent(&name)
-        .map(|a| a.visible.iter().map(|t| t.name.as_str()).collect())
-        .unwrap_or_default();
-    Ok(Json(json!({"agent": summary, "tools": tools})))
+        .ok_or_else(|| ServiceError::NotFound(format!("agent `{name}`")))?;
+    let tools: Vec<&str> = agent.visible.iter().map(|t| t.name.as_str()).collect();
+    // What its tools/list costs (its visible tools against the whole pool) and so how it is
+    // served: `auto` resolved against the search token budget.
+    let tokens = crate::search::agent_tokens(&snapshot, agent, state.settings.search_token_budget);
+    Ok(Json(
+        json!({"agent": summary, "tools": tools, "tokens": tokens}),
+    ))
 }
 
 async fn delete_agent(

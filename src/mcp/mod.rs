@@ -15,13 +15,14 @@ use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::app::AppState;
 use crate::audit::{AuditEvent, RequestOrigin, kind};
 use crate::calls::{self, CallRefused, Surface};
-use crate::policy::snapshot::Principal;
+use crate::policy::snapshot::{Discovery, PolicySnapshot, Principal};
 use crate::pool::runner::ScriptOutcome;
+use crate::search;
 
 /// Largest JSON-RPC request body accepted on `/mcp`.
 const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
@@ -121,7 +122,10 @@ impl ServerHandler for Gateway {
                 .build(),
         )
         .with_server_info(Implementation::new("toolgate", env!("CARGO_PKG_VERSION")))
-        .with_instructions("Tools served by toolgate. You see only the tools granted to you.")
+        .with_instructions(
+            "Tools served by toolgate. You see only the tools granted to you. When search_tools \
+             is listed, find your other tools with it and call them by name.",
+        )
     }
 
     async fn list_tools(
@@ -130,50 +134,43 @@ impl ServerHandler for Gateway {
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let principal = principal(&ctx)?;
+        let origin = origin(&ctx);
         let snapshot = self.state.policy.load();
-        if let Some(agent) = snapshot.agent(&principal.agent)
-            && let Err(wait) = self.state.limits.check(agent, None)
-        {
-            let mut e = AuditEvent::new(kind::TOOLS_LIST, "rate_limited")
-                .from_origin(origin(&ctx).as_ref());
-            e.agent = Some(principal.agent.clone());
-            e.client_id = Some(principal.client_id.clone());
-            self.state
-                .audit
-                .record(e)
-                .await
-                .map_err(|_| audit_unavailable())?;
-            return Err(rate_limited(wait));
-        }
+        self.check_agent_limit(&snapshot, &principal, kind::TOOLS_LIST, origin.as_ref())
+            .await?;
         let visible = snapshot.visible(&principal);
         let after = match request.and_then(|r| r.cursor).filter(|c| !c.is_empty()) {
             Some(c) => Some(decode_cursor(&c)?),
             None => None,
         };
-        let start = match &after {
-            Some(last) => visible.partition_point(|t| t.name.as_str() <= last.as_str()),
-            None => 0,
-        };
         let page_size = self.state.settings.page_size;
-        let page: Vec<_> = visible.iter().skip(start).take(page_size).collect();
-        let mut result =
-            ListToolsResult::with_all_items(page.iter().map(|t| t.mcp_definition()).collect())
-                // Filtered per token, and a revoked grant must vanish on the next request.
-                .with_ttl_ms(0)
-                .with_cache_scope(CacheScope::Private);
-        if start + page.len() < visible.len()
-            && let Some(last) = page.last()
-        {
-            result.next_cursor = Some(encode_cursor(last.name.as_str()));
+        let discovery =
+            snapshot.effective_discovery(&principal, self.state.settings.search_token_budget);
+        let (tools, more) = if discovery == Discovery::Search {
+            let pinned = snapshot
+                .agent(&principal.agent)
+                .map(|a| a.record.pinned.as_slice())
+                .unwrap_or_default();
+            let listed = search::search_listing(pinned, &visible);
+            let (p, more) = page(&listed, |t| &t.name, after.as_deref(), page_size);
+            (p.to_vec(), more)
+        } else {
+            let (p, more) = page(&visible, |t| t.name.as_str(), after.as_deref(), page_size);
+            (p.iter().map(|t| t.mcp_definition()).collect(), more)
+        };
+        let shown: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
+        let mut result = ListToolsResult::with_all_items(tools)
+            // Filtered per token, and a revoked grant must vanish on the next request.
+            .with_ttl_ms(0)
+            .with_cache_scope(CacheScope::Private);
+        if more && let Some(last) = shown.last() {
+            result.next_cursor = Some(encode_cursor(last));
         }
-        let mut e = AuditEvent::new(kind::TOOLS_LIST, "success").from_origin(origin(&ctx).as_ref());
+        let mut e = AuditEvent::new(kind::TOOLS_LIST, "success").from_origin(origin.as_ref());
         e.agent = Some(principal.agent.clone());
         e.client_id = Some(principal.client_id.clone());
         e.jti = principal.jti.map(|j| j.to_string());
-        e.details = Some(
-            serde_json::json!({"shown": page.iter().map(|t| t.name.as_str()).collect::<Vec<_>>()})
-                .to_string(),
-        );
+        e.details = Some(json!({"shown": shown, "discovery": discovery.as_str()}).to_string());
         self.state
             .audit
             .record(e)
@@ -190,6 +187,7 @@ impl ServerHandler for Gateway {
             .catalog
             .get(name)
             .map(|t| t.mcp_definition())
+            .or_else(|| search::meta_tool(name).cloned())
     }
 
     async fn call_tool(
@@ -198,38 +196,35 @@ impl ServerHandler for Gateway {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let principal = principal(&ctx)?;
-        let args = Value::Object(request.arguments.unwrap_or_default());
         let origin = origin(&ctx);
-        match calls::call(
-            &self.state,
-            &principal,
-            &request.name,
-            args,
-            Surface::Mcp,
-            origin.as_ref(),
-        )
-        .await
-        {
-            Err(CallRefused::RateLimited { retry_after }) => Err(rate_limited(retry_after)),
-            Err(CallRefused::AuditUnavailable(_)) => Err(audit_unavailable()),
-            Err(CallRefused::UnknownTool(name)) => Err(McpError::invalid_params(
-                format!("Unknown tool: {name}"),
-                None,
-            )),
-            Err(CallRefused::InvalidArguments { tool, violations }) => {
-                let text = format!(
-                    "invalid arguments for {}:\n{}",
-                    tool.name,
-                    violations
-                        .iter()
-                        .map(|v| format!("- {v}"))
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                );
-                Ok(CallToolResult::error(vec![ContentBlock::text(text)]).into())
+        if search::is_meta_tool(&request.name) {
+            let snapshot = self.state.policy.load();
+            // The meta-tools exist for agents configured for search or auto (even while auto
+            // lists in full, so that a client holding a list from before a grant change still
+            // works); a `full` agent has none, and calling one is calling an unknown tool.
+            let searches = snapshot
+                .agent(&principal.agent)
+                .is_some_and(|a| a.record.discovery != Discovery::Full);
+            if searches {
+                let args = request.arguments.unwrap_or_default();
+                return if request.name == search::SEARCH_TOOLS {
+                    self.search_tools(&snapshot, &principal, &args, origin.as_ref())
+                        .await
+                } else {
+                    drop(snapshot);
+                    match search::parse_call(&args) {
+                        Ok(c) => {
+                            self.call(&principal, &c.name, c.arguments, origin.as_ref(), true)
+                                .await
+                        }
+                        Err(message) => Ok(tool_error(message)),
+                    }
+                };
             }
-            Ok(done) => Ok(to_result(done.outcome).into()),
         }
+        let args = Value::Object(request.arguments.unwrap_or_default());
+        self.call(&principal, &request.name, args, origin.as_ref(), false)
+            .await
     }
 
     async fn list_prompts(
@@ -261,6 +256,132 @@ impl ServerHandler for Gateway {
             .with_ttl_ms(0)
             .with_cache_scope(CacheScope::Private))
     }
+}
+
+impl Gateway {
+    /// Takes one request from the agent's own limits (not a tool's); refused requests are
+    /// audited as `event_type`.
+    async fn check_agent_limit(
+        &self,
+        snapshot: &PolicySnapshot,
+        principal: &Principal,
+        event_type: &str,
+        origin: Option<&RequestOrigin>,
+    ) -> Result<(), McpError> {
+        let Some(agent) = snapshot.agent(&principal.agent) else {
+            return Ok(());
+        };
+        let Err(wait) = self.state.limits.check(agent, None) else {
+            return Ok(());
+        };
+        let mut e = AuditEvent::new(event_type, "rate_limited").from_origin(origin);
+        e.agent = Some(principal.agent.clone());
+        e.client_id = Some(principal.client_id.clone());
+        self.state
+            .audit
+            .record(e)
+            .await
+            .map_err(|_| audit_unavailable())?;
+        Err(rate_limited(wait))
+    }
+
+    /// A tool call, direct or through `call_tool` (`via_meta`): always the shared call path,
+    /// so grants, limits, validation and audit are the same either way. Through `call_tool` an
+    /// unknown name is the meta-tool's error (the model reads it), not a protocol error.
+    async fn call(
+        &self,
+        principal: &Principal,
+        name: &str,
+        args: Value,
+        origin: Option<&RequestOrigin>,
+        via_meta: bool,
+    ) -> Result<CallToolResponse, McpError> {
+        match calls::call(&self.state, principal, name, args, Surface::Mcp, origin).await {
+            Err(CallRefused::RateLimited { retry_after }) => Err(rate_limited(retry_after)),
+            Err(CallRefused::AuditUnavailable(_)) => Err(audit_unavailable()),
+            Err(CallRefused::UnknownTool(name)) if via_meta => Ok(tool_error(format!(
+                "Unknown tool: {name}. Use {} to find the tools you may call.",
+                search::SEARCH_TOOLS
+            ))),
+            Err(CallRefused::UnknownTool(name)) => Err(McpError::invalid_params(
+                format!("Unknown tool: {name}"),
+                None,
+            )),
+            Err(CallRefused::InvalidArguments { tool, violations }) => {
+                let text = format!(
+                    "invalid arguments for {}:\n{}",
+                    tool.name,
+                    violations
+                        .iter()
+                        .map(|v| format!("- {v}"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+                Ok(tool_error(text))
+            }
+            Ok(done) => Ok(to_result(done.outcome).into()),
+        }
+    }
+
+    /// `search_tools`: BM25 over the caller's visible tools only; the hits' definitions as
+    /// `structuredContent` and the same JSON as text.
+    async fn search_tools(
+        &self,
+        snapshot: &PolicySnapshot,
+        principal: &Principal,
+        args: &serde_json::Map<String, Value>,
+        origin: Option<&RequestOrigin>,
+    ) -> Result<CallToolResponse, McpError> {
+        self.check_agent_limit(snapshot, principal, search::TOOLS_SEARCH, origin)
+            .await?;
+        let request = match search::parse_search(args) {
+            Ok(r) => r,
+            Err(message) => return Ok(tool_error(message)),
+        };
+        let visible = snapshot.visible(principal);
+        let hits = snapshot
+            .search_index()
+            .search(&visible, &request.query, request.limit);
+        let body = search::results_body(&hits);
+        // What was disclosed, like `tools/list`; not the query, which is the agent's words.
+        let mut e = AuditEvent::new(search::TOOLS_SEARCH, "success").from_origin(origin);
+        e.agent = Some(principal.agent.clone());
+        e.client_id = Some(principal.client_id.clone());
+        e.jti = principal.jti.map(|j| j.to_string());
+        e.details = Some(
+            json!({
+                "shown": hits.iter().map(|h| h.tool.name.as_str()).collect::<Vec<_>>(),
+                "limit": request.limit,
+            })
+            .to_string(),
+        );
+        self.state
+            .audit
+            .record(e)
+            .await
+            .map_err(|_| audit_unavailable())?;
+        let text = body.to_string();
+        let mut result = CallToolResult::structured(body);
+        result.content = vec![ContentBlock::text(text)];
+        Ok(result.into())
+    }
+}
+
+/// The items of a name-ordered list after the cursor's name, at most `size`; `true` when more
+/// follow.
+fn page<'a, T>(
+    items: &'a [T],
+    name: impl Fn(&T) -> &str,
+    after: Option<&str>,
+    size: usize,
+) -> (&'a [T], bool) {
+    let start = after.map_or(0, |last| items.partition_point(|t| name(t) <= last));
+    let end = start.saturating_add(size).min(items.len());
+    (&items[start..end], end < items.len())
+}
+
+fn tool_error(text: String) -> CallToolResponse {
+    CallToolResult::error(vec![ContentBlock::text(text)]).into()
 }
 
 /// A JSON object becomes `structuredContent` plus the same JSON as text; other JSON becomes

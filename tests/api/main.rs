@@ -8,4 +8,5 @@ mod policy;
 mod reload;
 mod rest;
 mod scripts;
+mod search;
 mod tokens;

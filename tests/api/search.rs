@@ -1,0 +1,334 @@
+//! Tool search (deferred loading) over MCP, in process: discovery modes, `search_tools`,
+//! `call_tool`, pinned tools, the `auto` budget and the API's token accounting.
+
+use http::StatusCode;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::helpers::{TestApp, repo_path};
+
+/// Creates an agent with a discovery mode and grants through the admin API; returns a token.
+async fn agent_with(app: &TestApp, name: &str, discovery: &str, grants: &[&str]) -> String {
+    let r = app
+        .admin(
+            "POST",
+            "/api/v1/agents",
+            Some(json!({"name": name, "discovery": discovery})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    for g in grants {
+        let r = app
+            .admin(
+                "POST",
+                &format!("/api/v1/agents/{name}/grants"),
+                Some(json!({"target": g})),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    }
+    app.token_for(name).await
+}
+
+/// The names `search_tools` returned, checking that text and structured content agree.
+fn found(r: &crate::helpers::Reply) -> Vec<String> {
+    let result = &r.body["result"];
+    assert_eq!(result["isError"], false, "{}", r.text);
+    let text = result["content"][0]["text"].as_str().unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(text).unwrap(),
+        result["structuredContent"]
+    );
+    result["structuredContent"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn audit_count(app: &TestApp, agent: &str, event_type: &str, tool: Option<&str>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE agent = $1 AND event_type = $2 \
+         AND ($3::text IS NULL OR tool = $3)",
+    )
+    .bind(agent)
+    .bind(event_type)
+    .bind(tool)
+    .fetch_one(&app.state.db)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn an_agent_in_search_mode_finds_a_tool_and_calls_it_both_ways(pool: PgPool) {
+    let app = TestApp::new(pool).await;
+    let token = agent_with(&app, "finder", "search", &["search", "weather", "text"]).await;
+    let full = agent_with(&app, "lister", "full", &["search", "weather", "text"]).await;
+
+    assert_eq!(app.tool_names(&token).await, ["call_tool", "search_tools"]);
+
+    let r = app
+        .call(
+            &token,
+            "search_tools",
+            json!({"query": "what is the weather like in Paris right now", "limit": 3}),
+        )
+        .await;
+    let names = found(&r);
+    assert_eq!(names[0], "weather__current", "{names:?}");
+    assert!(names.len() <= 3);
+    // The definitions are exactly what a full tools/list shows.
+    let listed = app.mcp(Some(&full), "tools/list", json!({})).await;
+    let listed = listed.body["result"]["tools"].as_array().unwrap().clone();
+    for def in r.body["result"]["structuredContent"]["tools"]
+        .as_array()
+        .unwrap()
+    {
+        assert!(listed.contains(def), "{def} differs from tools/list");
+    }
+
+    // Found tools are callable directly by name (not listed, but visible) ...
+    let direct = app
+        .call(&token, "weather__current", json!({"city": "Paris"}))
+        .await;
+    assert_eq!(direct.body["result"]["isError"], false, "{}", direct.text);
+    assert_eq!(direct.body["result"]["structuredContent"]["city"], "Paris");
+    // ... and through call_tool, with the same result.
+    let via = app
+        .call(
+            &token,
+            "call_tool",
+            json!({"name": "weather__current", "arguments": {"city": "Paris"}}),
+        )
+        .await;
+    assert_eq!(via.body["result"], direct.body["result"], "{}", via.text);
+
+    // Both went through the shared call path: two started/result pairs in the audit log.
+    assert_eq!(
+        audit_count(&app, "finder", "tool.result", Some("weather__current")).await,
+        2
+    );
+    assert_eq!(audit_count(&app, "finder", "tools/search", None).await, 1);
+    // call_tool validates like a direct call.
+    let bad = app
+        .call(
+            &token,
+            "call_tool",
+            json!({"name": "weather__forecast", "arguments": {"days": 9}}),
+        )
+        .await;
+    assert_eq!(bad.body["result"]["isError"], true, "{}", bad.text);
+    assert!(
+        bad.body["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("city")
+    );
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn search_and_call_tool_reach_only_granted_tools(pool: PgPool) {
+    let app = TestApp::new(pool).await;
+    let token = agent_with(&app, "narrow", "search", &["search"]).await;
+
+    let r = app
+        .call(
+            &token,
+            "search_tools",
+            json!({"query": "weather forecast temperature city", "limit": 20}),
+        )
+        .await;
+    let names = found(&r);
+    assert!(names.iter().all(|n| n.starts_with("search__")), "{names:?}");
+
+    let via = app
+        .call(
+            &token,
+            "call_tool",
+            json!({"name": "weather__current", "arguments": {"city": "Paris"}}),
+        )
+        .await;
+    assert_eq!(via.body["result"]["isError"], true, "{}", via.text);
+    assert!(
+        via.body["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Unknown tool: weather__current"),
+        "{}",
+        via.text
+    );
+    let direct = app
+        .call(&token, "weather__current", json!({"city": "Paris"}))
+        .await;
+    assert_eq!(direct.body["error"]["code"], -32602, "{}", direct.text);
+    assert_eq!(
+        audit_count(&app, "narrow", "tool.call", Some("weather__current")).await,
+        2,
+        "both refusals are audited"
+    );
+
+    // A removed grant is gone from search on the very next request.
+    let r = app
+        .admin("DELETE", "/api/v1/agents/narrow/grants/search", None)
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
+    let r = app
+        .call(&token, "search_tools", json!({"query": "notes search"}))
+        .await;
+    assert_eq!(found(&r), Vec::<String>::new());
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_full_mode_agent_has_no_meta_tools(pool: PgPool) {
+    let app = TestApp::new(pool).await;
+    let token = app.token_for("assistant").await;
+    assert_eq!(
+        app.tool_names(&token).await,
+        ["search__get", "search__query"]
+    );
+    let r = app
+        .call(&token, "search_tools", json!({"query": "notes"}))
+        .await;
+    assert_eq!(r.body["error"]["code"], -32602, "{}", r.text);
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn pinned_tools_are_listed_when_visible_and_pages_follow_the_cursor(pool: PgPool) {
+    let policies = tempfile::tempdir().unwrap();
+    let dir = policies.path().join("agents/pinner");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("agent.md"),
+        "---\ntools: [search, weather]\ndiscovery: search\npinned: [weather__current]\n---\n",
+    )
+    .unwrap();
+    let app = TestApp::with(
+        pool,
+        &repo_path("tools"),
+        Some(policies.path()),
+        &["--page-size", "1"],
+    )
+    .await;
+    let (id, secret) = app.client_for("pinner").await;
+    let token = app.token_with(&id, &secret).await;
+
+    assert_eq!(
+        app.tool_names(&token).await,
+        ["call_tool", "search_tools", "weather__current"]
+    );
+
+    // A token scoped to `search` does not see the pinned weather tool, so it is not listed.
+    let r = app
+        .token_request(
+            &[
+                ("grant_type", "client_credentials"),
+                ("scope", "tools:search"),
+            ],
+            Some((&id, &secret)),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let scoped = r.body["access_token"].as_str().unwrap();
+    assert_eq!(app.tool_names(scoped).await, ["call_tool", "search_tools"]);
+    let r = app
+        .call(scoped, "search_tools", json!({"query": "current weather"}))
+        .await;
+    assert!(
+        found(&r).iter().all(|n| n.starts_with("search__")),
+        "{}",
+        r.text
+    );
+}
+
+/// `tokens.visible_tokens` of an agent, as the admin API reports it.
+async fn visible_tokens(app: &TestApp, agent: &str) -> u64 {
+    let r = app
+        .admin("GET", &format!("/api/v1/agents/{agent}"), None)
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    r.body["tokens"]["visible_tokens"].as_u64().unwrap()
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn auto_lists_in_full_up_to_the_budget_and_searches_above_it(pool: PgPool) {
+    let tools = repo_path("tools");
+    let app = TestApp::with(pool.clone(), &tools, None, &[]).await;
+    agent_with(&app, "auto", "auto", &["weather"]).await;
+    let budget = visible_tokens(&app, "auto").await;
+    let weather = ["weather__current", "weather__forecast"];
+
+    // Exactly at the budget: still in full.
+    let at = TestApp::with(
+        pool.clone(),
+        &tools,
+        None,
+        &["--search-token-budget", &budget.to_string()],
+    )
+    .await;
+    let token = at.token_for("auto").await;
+    assert_eq!(at.tool_names(&token).await, weather);
+    let r = at.admin("GET", "/api/v1/agents/auto", None).await;
+    assert_eq!(
+        r.body["tokens"]["effective_discovery"], "full",
+        "{}",
+        r.text
+    );
+    assert_eq!(r.body["tokens"]["discovery"], "auto");
+    assert_eq!(r.body["tokens"]["token_budget"], budget);
+
+    // One token under it: search.
+    let under = TestApp::with(
+        pool.clone(),
+        &tools,
+        None,
+        &["--search-token-budget", &(budget - 1).to_string()],
+    )
+    .await;
+    let token = under.token_for("auto").await;
+    assert_eq!(
+        under.tool_names(&token).await,
+        ["call_tool", "search_tools"]
+    );
+    let r = under.admin("GET", "/api/v1/agents/auto", None).await;
+    assert_eq!(r.body["tokens"]["effective_discovery"], "search");
+    assert_eq!(
+        r.body["tokens"]["listed_tokens"],
+        r.body["tokens"]["search_tokens"]
+    );
+    // Real tools stay callable by name.
+    let r = under
+        .call(&token, "weather__current", json!({"city": "Paris"}))
+        .await;
+    assert_eq!(r.body["result"]["isError"], false, "{}", r.text);
+
+    // At the budget, a new grant pushes the agent over it: the next list is the search set.
+    let r = at
+        .admin(
+            "POST",
+            "/api/v1/agents/auto/grants",
+            Some(json!({"target": "text"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let token = at.token_for("auto").await;
+    assert_eq!(at.tool_names(&token).await, ["call_tool", "search_tools"]);
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn the_api_reports_tokens_against_the_pool_and_the_effective_mode(pool: PgPool) {
+    let app = TestApp::new(pool).await;
+    let r = app.admin("GET", "/api/v1/agents/assistant", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let t = &r.body["tokens"];
+    assert_eq!(t["visible_tools"], 2);
+    assert_eq!(t["pool_tools"], 5);
+    let visible = t["visible_tokens"].as_u64().unwrap();
+    let pool_tokens = t["pool_tokens"].as_u64().unwrap();
+    assert!(0 < visible && visible < pool_tokens, "{t}");
+    assert_eq!(t["discovery"], "full");
+    assert_eq!(t["effective_discovery"], "full");
+    assert_eq!(t["listed_tokens"], visible);
+    assert_eq!(t["token_budget"], 5000);
+    assert!(t["search_tokens"].as_u64().unwrap() > 0);
+}
