@@ -14,7 +14,7 @@ use crate::metrics::Metrics;
 use crate::policy::snapshot::PolicyHandle;
 use crate::pool::loader::{LoaderSettings, load_pool};
 use crate::pool::runner::OutputLimits;
-use crate::{api, db, http, mcp, oauth, rest};
+use crate::{api, db, http, mcp, oauth, rest, web};
 
 /// Settings resolved from the command line.
 #[derive(Debug, Clone)]
@@ -201,6 +201,7 @@ pub fn router(state: AppState) -> Router {
         .nest("/api/v1", api::router(state.clone()))
         .merge(rest::router(state.clone()))
         .merge(mcp::router(state.clone()))
+        .merge(web::router(state.clone()))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             http::observe,

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use crate::config::{
-    AuditCommand, Cli, ClientCommand, Command, KeysCommand, PolicyArgs, PolicyCommand,
+    AdminCommand, AuditCommand, Cli, ClientCommand, Command, KeysCommand, PolicyArgs, PolicyCommand,
 };
 use crate::pool::loader::{LoaderSettings, load_pool};
 use crate::{app, db, oauth, policy, service, telemetry};
@@ -34,6 +34,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Policy { command } => policy_command(command).await,
         Command::Client { command } => client_command(command).await,
         Command::Audit { command } => audit_command(command).await,
+        Command::Admin { command } => admin_command(command).await,
         Command::Keys {
             command: KeysCommand::Rotate { db: db_args },
         } => {
@@ -256,6 +257,34 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::FAILURE)
                 }
             }
+        }
+    }
+}
+
+async fn admin_command(command: AdminCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        AdminCommand::CreateUser {
+            db: db_args,
+            username,
+            role,
+        } => {
+            use std::io::{BufRead, IsTerminal};
+            if std::io::stdin().is_terminal() {
+                eprintln!(
+                    "password for {username} (one line; it is echoed, so prefer piping it in):"
+                );
+            }
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line)?;
+            let password = line.trim_end_matches(['\r', '\n']);
+            let pool = db::connect(&db_args.database_url, 2).await?;
+            db::migrate(&pool, &db_args.database_url).await?;
+            crate::web::users::create_user(&pool, "cli", &username, password, &role).await?;
+            println!(
+                "{}",
+                serde_json::json!({"username": username, "role": role})
+            );
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

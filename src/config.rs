@@ -56,6 +56,11 @@ pub enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Accounts of the admin UI.
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -189,6 +194,21 @@ pub enum ClientCommand {
         #[command(flatten)]
         db: DbArgs,
         client_id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Create an admin UI account; the password is read from standard input (one line).
+    CreateUser {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long)]
+        username: String,
+        /// admin edits everything; auditor reads everything and exports the audit log;
+        /// viewer reads everything but tool arguments.
+        #[arg(long, value_parser = ["admin", "auditor", "viewer"])]
+        role: String,
     },
 }
 

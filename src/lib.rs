@@ -2,7 +2,7 @@
 //! agents over MCP and REST, each agent only its granted share.
 //!
 //! Core (no HTTP): [`pool`], [`policy`], [`search`], [`auth`], [`calls`], [`service`], [`db`].
-//! Surfaces: [`mcp`], [`rest`], [`api`], [`oauth`], over [`app`] and [`http`].
+//! Surfaces: [`mcp`], [`rest`], [`api`], [`oauth`], [`web`], over [`app`] and [`http`].
 
 pub mod api;
 pub mod app;
@@ -24,3 +24,4 @@ pub mod rest;
 pub mod search;
 pub mod service;
 pub mod telemetry;
+pub mod web;

@@ -10,3 +10,4 @@ mod rest;
 mod scripts;
 mod search;
 mod tokens;
+mod web;

@@ -1,0 +1,225 @@
+//! Sign-in and sign-out.
+
+use std::sync::Arc;
+
+use askama::Template;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
+use serde::Deserialize;
+
+use super::error::WebError;
+use super::session::{
+    self, Admin, LOGIN_COOKIE, LoginLimiter, SESSION_COOKIE, SESSION_HOURS, client_ip,
+    random_token, same_token, set_cookie, sha256_hex,
+};
+use super::view::render_status;
+use crate::app::AppState;
+use crate::audit::{AuditEvent, RequestOrigin};
+use crate::auth::secrets;
+use crate::db;
+
+#[derive(Template)]
+#[template(path = "admin/login.html")]
+struct LoginPage {
+    csrf: String,
+    username: String,
+    next: String,
+    error: Option<String>,
+    notice: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+pub struct LoginQuery {
+    next: Option<String>,
+    signed_out: Option<String>,
+}
+
+/// Only our own admin pages are valid targets after sign-in (no open redirect).
+fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n)
+            if (n == "/admin" || n.starts_with("/admin/") || n.starts_with("/admin?"))
+                && !n.contains('\\')
+                && !n.starts_with("/admin/login") =>
+        {
+            n.to_owned()
+        }
+        _ => "/admin".to_owned(),
+    }
+}
+
+fn login_page(
+    state: &AppState,
+    status: StatusCode,
+    csrf: String,
+    page: LoginPage,
+) -> Result<Response, WebError> {
+    let mut r = render_status(status, &page)?;
+    r.headers_mut().append(
+        header::SET_COOKIE,
+        set_cookie(state, LOGIN_COOKIE, &csrf, "/admin/login", 3600),
+    );
+    Ok(r)
+}
+
+pub async fn login_form(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<LoginQuery>,
+) -> Result<Response, WebError> {
+    if let Some(token) = session::cookie(&headers, SESSION_COOKIE)
+        && db::admin::session(&state.db, &sha256_hex(token))
+            .await?
+            .is_some()
+    {
+        return Ok(Redirect::to(&safe_next(q.next.as_deref())).into_response());
+    }
+    // Reuse the token of an open sign-in form, so that two tabs do not invalidate each other.
+    let csrf = session::cookie(&headers, LOGIN_COOKIE)
+        .filter(|c| c.len() == 43)
+        .map(str::to_owned)
+        .unwrap_or_else(random_token);
+    let page = LoginPage {
+        csrf: csrf.clone(),
+        username: String::new(),
+        next: safe_next(q.next.as_deref()),
+        error: None,
+        notice: q.signed_out.map(|_| "You have signed out.".to_owned()),
+    };
+    login_page(&state, StatusCode::OK, csrf, page)
+}
+
+#[derive(Deserialize)]
+pub struct LoginForm {
+    #[serde(default)]
+    username: String,
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    csrf: String,
+    next: Option<String>,
+}
+
+fn login_event(outcome: &str, username: &str, origin: Option<&RequestOrigin>) -> AuditEvent {
+    let mut e = AuditEvent::new("admin.login", outcome).from_origin(origin);
+    e.admin_user = Some(format!(
+        "admin:{}",
+        username.chars().take(64).collect::<String>()
+    ));
+    e.resource = Some("admin-ui".into());
+    e
+}
+
+pub async fn login_submit(
+    State(state): State<AppState>,
+    Extension(limiter): Extension<Arc<LoginLimiter>>,
+    headers: HeaderMap,
+    origin: Option<Extension<RequestOrigin>>,
+    Form(form): Form<LoginForm>,
+) -> Result<Response, WebError> {
+    let origin = origin.map(|Extension(o)| o);
+    let next = safe_next(form.next.as_deref());
+    let cookie_token = session::cookie(&headers, LOGIN_COOKIE).unwrap_or("");
+    let retry = |error: &str, status: StatusCode| {
+        let csrf = random_token();
+        login_page(
+            &state,
+            status,
+            csrf.clone(),
+            LoginPage {
+                csrf,
+                username: form.username.chars().take(64).collect(),
+                next: next.clone(),
+                error: Some(error.to_owned()),
+                notice: None,
+            },
+        )
+    };
+    if !same_token(&form.csrf, cookie_token) {
+        return retry(
+            "The sign-in form had expired. Please try again.",
+            StatusCode::FORBIDDEN,
+        );
+    }
+    let ip = client_ip(origin.as_ref());
+    if let Err(wait) = limiter.check(ip, &form.username) {
+        let secs = wait.as_secs().max(1);
+        let mut r = retry(
+            &format!("Too many sign-in attempts. Wait {secs} seconds and try again."),
+            StatusCode::TOO_MANY_REQUESTS,
+        )?;
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, axum::http::HeaderValue::from(secs));
+        return Ok(r);
+    }
+    let user = if form.username.len() <= 64 {
+        db::admin::find_user(&state.db, &form.username).await?
+    } else {
+        None
+    };
+    let stored = user.as_ref().map(|u| u.password_hash.clone());
+    let password = form.password.clone();
+    // argon2 is deliberately slow: keep it off the async workers. An unknown user is checked
+    // against a dummy hash, so the timing does not tell which usernames exist.
+    let ok = tokio::task::spawn_blocking(move || secrets::verify(&password, stored.as_deref()))
+        .await
+        .map_err(|e| WebError::Internal(e.into()))?;
+    let Some(user) = user.filter(|_| ok) else {
+        state
+            .audit
+            .record_detached(login_event("denied", &form.username, origin.as_ref()));
+        return retry("Wrong username or password.", StatusCode::UNAUTHORIZED);
+    };
+    let token = random_token();
+    let expires = chrono::Utc::now() + chrono::Duration::hours(SESSION_HOURS);
+    db::admin::create_session(
+        &state.db,
+        &sha256_hex(&token),
+        user.id,
+        &random_token(),
+        expires,
+        origin.as_ref().and_then(|o| o.remote_addr.as_deref()),
+        origin.as_ref().and_then(|o| o.user_agent.as_deref()),
+    )
+    .await?;
+    state
+        .audit
+        .record_detached(login_event("success", &user.username, origin.as_ref()));
+    let mut r = Redirect::to(&next).into_response();
+    r.headers_mut().append(
+        header::SET_COOKIE,
+        set_cookie(
+            &state,
+            SESSION_COOKIE,
+            &token,
+            "/admin",
+            SESSION_HOURS * 3600,
+        ),
+    );
+    r.headers_mut().append(
+        header::SET_COOKIE,
+        set_cookie(&state, LOGIN_COOKIE, "", "/admin/login", 0),
+    );
+    Ok(r)
+}
+
+pub async fn logout(
+    State(state): State<AppState>,
+    admin: Admin,
+    origin: Option<Extension<RequestOrigin>>,
+) -> Result<Response, WebError> {
+    db::admin::delete_session(&state.db, &admin.session_hash).await?;
+    let mut e = AuditEvent::new("admin.logout", "success")
+        .from_origin(origin.as_ref().map(|Extension(o)| o));
+    e.admin_user = Some(admin.actor());
+    e.resource = Some("admin-ui".into());
+    state.audit.record_detached(e);
+    let mut r = Redirect::to("/admin/login?signed_out=1").into_response();
+    r.headers_mut().append(
+        header::SET_COOKIE,
+        set_cookie(&state, SESSION_COOKIE, "", "/admin", 0),
+    );
+    Ok(r)
+}

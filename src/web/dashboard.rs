@@ -1,0 +1,130 @@
+//! The dashboard: what is wrong first (zero-match grants, agents that see nothing, broken tool
+//! groups), then the counts.
+
+use askama::Template;
+use axum::extract::State;
+use axum::response::Response;
+
+use super::error::WebError;
+use super::view::{Ctx, Nav, PageCtx, render, thousands};
+use crate::app::AppState;
+use crate::policy::snapshot::PolicySnapshot;
+use crate::service::{self, AgentSummary};
+
+/// A grant that matches no tool, with the nearest existing names.
+pub struct ZeroMatch {
+    pub agent: String,
+    pub target: String,
+    pub suggestions: Vec<String>,
+}
+
+/// An agent whose grants match nothing at all.
+pub struct Blind {
+    pub agent: String,
+    pub grants: usize,
+}
+
+/// A tool group whose last load failed.
+pub struct Broken {
+    pub folder: String,
+    pub file: String,
+    pub reason: String,
+    /// Tools still served from the last good load.
+    pub still_serving: usize,
+}
+
+/// The zero-match grants and the agents that see nothing, of `agents`.
+pub fn problems(agents: &[AgentSummary]) -> (Vec<ZeroMatch>, Vec<Blind>) {
+    let zero = agents
+        .iter()
+        .flat_map(|a| {
+            a.grants
+                .iter()
+                .filter(|g| g.matched_tools == 0)
+                .map(|g| ZeroMatch {
+                    agent: a.name.clone(),
+                    target: g.target.clone(),
+                    suggestions: g.suggestions.clone(),
+                })
+        })
+        .collect();
+    let blind = agents
+        .iter()
+        .filter(|a| a.sees_nothing)
+        .map(|a| Blind {
+            agent: a.name.clone(),
+            grants: a.grants.len(),
+        })
+        .collect();
+    (zero, blind)
+}
+
+pub fn broken_groups(snapshot: &PolicySnapshot) -> Vec<Broken> {
+    snapshot
+        .catalog
+        .groups()
+        .filter_map(|g| {
+            g.error.as_ref().map(|e| Broken {
+                folder: g.folder.clone(),
+                file: e.file.clone(),
+                reason: e.reason.clone(),
+                still_serving: g.tools,
+            })
+        })
+        .collect()
+}
+
+pub struct AgentRow {
+    pub name: String,
+    pub grants: Vec<String>,
+    pub visible_tools: usize,
+    pub zero_match: usize,
+    pub sees_nothing: bool,
+}
+
+#[derive(Template)]
+#[template(path = "admin/dashboard.html")]
+struct DashboardPage {
+    page: PageCtx,
+    zero_match: Vec<ZeroMatch>,
+    blind: Vec<Blind>,
+    broken: Vec<Broken>,
+    agents: usize,
+    groups: usize,
+    tools: usize,
+    grants: usize,
+    calls_24h: String,
+    denials_24h: String,
+    rows: Vec<AgentRow>,
+}
+
+pub async fn show(State(state): State<AppState>, ctx: Ctx) -> Result<Response, WebError> {
+    let snapshot = state.policy.load();
+    let summaries = service::agent_summaries(&snapshot);
+    let (zero_match, blind) = problems(&summaries);
+    let since = chrono::Utc::now() - chrono::Duration::hours(24);
+    let (calls, denials) = crate::db::audit::counts_since(&state.db, since).await?;
+    let page = DashboardPage {
+        page: ctx.page(Nav::Dashboard, "Dashboard"),
+        zero_match,
+        blind,
+        broken: broken_groups(&snapshot),
+        agents: summaries.len(),
+        groups: snapshot.catalog.group_names().len(),
+        tools: snapshot.catalog.len(),
+        grants: summaries.iter().map(|a| a.grants.len()).sum(),
+        calls_24h: thousands(calls.max(0) as usize),
+        denials_24h: thousands(denials.max(0) as usize),
+        rows: summaries
+            .iter()
+            .map(|a| AgentRow {
+                name: a.name.clone(),
+                grants: a.grants.iter().map(|g| g.target.clone()).collect(),
+                visible_tools: a.visible_tools,
+                zero_match: a.zero_match_grants,
+                sees_nothing: a.sees_nothing,
+            })
+            .collect(),
+    };
+    render(&page)
+}

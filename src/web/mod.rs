@@ -1,0 +1,178 @@
+//! The admin UI: server-rendered askama pages under `/admin`, our own CSS and JS under
+//! `/static/`.
+//!
+//! Pages translate requests into calls of [`crate::service`] (the same functions behind the
+//! `/api/v1` JSON API) and render what those return; they decide nothing themselves.
+//! Sessions, CSRF and roles are checked once, in [`session::require_session`], for every
+//! route behind it.
+
+mod agents;
+mod audit;
+mod auth;
+mod dashboard;
+mod error;
+mod grants;
+mod limits;
+mod session;
+mod tools;
+pub mod users;
+mod view;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, header};
+use axum::middleware::{Next, from_fn, from_fn_with_state};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::get;
+
+use crate::app::AppState;
+pub use error::WebError;
+pub use session::Role;
+
+/// Scripts only from our own origin, no inline script or style, no framing, forms only to us.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+    img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// `/admin/...` and `/static/...`.
+pub fn router(state: AppState) -> Router<AppState> {
+    let limiter = Arc::new(session::LoginLimiter::new());
+    let protected = Router::new()
+        .route("/", get(dashboard::show))
+        .route("/agents", get(agents::index).post(agents::create))
+        .route("/agents/{name}", get(agents::show))
+        .route(
+            "/agents/{name}/delete",
+            get(agents::confirm_delete).post(agents::delete),
+        )
+        .route(
+            "/agents/{name}/clients",
+            axum::routing::post(agents::create_client),
+        )
+        .route(
+            "/agents/{name}/limits",
+            get(limits::edit).post(limits::save),
+        )
+        .route(
+            "/clients/{client_id}/revoke",
+            get(agents::confirm_revoke_client).post(agents::revoke_client),
+        )
+        .route("/grants", get(grants::index).post(grants::submit))
+        .route("/grants/new", get(grants::new))
+        .route("/grants/preview", get(grants::preview_json))
+        .route(
+            "/grants/remove",
+            get(grants::confirm_remove).post(grants::remove),
+        )
+        .route("/tools", get(tools::index))
+        .route("/limits", get(limits::index))
+        .route("/audit", get(audit::index))
+        .route("/audit/export", get(audit::export))
+        .route("/audit/{id}", get(audit::show))
+        .route("/logout", axum::routing::post(auth::logout))
+        .route_layer(from_fn_with_state(state.clone(), session::require_session));
+    let admin = Router::new()
+        .route("/login", get(auth::login_form).post(auth::login_submit))
+        .merge(protected)
+        .fallback(not_found)
+        .layer(axum::Extension(limiter));
+    Router::new()
+        .route("/admin/", get(|| async { Redirect::permanent("/admin") }))
+        .nest("/admin", admin)
+        .route("/static/admin.css", get(stylesheet))
+        .route("/static/admin.js", get(script))
+        .route("/static/favicon.svg", get(favicon))
+        .layer(from_fn_with_state(state, error_pages))
+        .layer(from_fn(security_headers))
+}
+
+async fn not_found() -> WebError {
+    WebError::NotFound
+}
+
+/// Turns every error response of the UI into a page that shows the request id and nothing
+/// else about the failure (the details went to the log, once, where the error was made).
+async fn error_pages(State(_state): State<AppState>, req: Request, next: Next) -> Response {
+    let request_id = req
+        .headers()
+        .get(crate::http::REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let response = next.run(req).await;
+    let status = response.status();
+    let is_html = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/html"));
+    let message = match response.extensions().get::<error::ErrorMessage>() {
+        Some(m) => m.0.clone(),
+        // Error responses the router or an extractor made itself (404, 405, a bad form).
+        None if (status.is_client_error() || status.is_server_error()) && !is_html => {
+            error::default_message(status).to_owned()
+        }
+        None => return response,
+    };
+    let mut page = error::render_page(status, &message, &request_id);
+    // Keep headers the handler set on purpose (Retry-After on 429).
+    if let Some(retry) = response.headers().get(header::RETRY_AFTER) {
+        page.headers_mut()
+            .insert(header::RETRY_AFTER, retry.clone());
+    }
+    page
+}
+
+/// Headers on every UI response: the CSP, no sniffing, no referrer leaks, no caching of pages
+/// that show secrets and audit data.
+async fn security_headers(req: Request, next: Next) -> Response {
+    let is_static = req.uri().path().starts_with("/static/");
+    let mut response = next.run(req).await;
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    if !is_static && !h.contains_key(header::CACHE_CONTROL) {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "public, max-age=300"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn stylesheet() -> Response {
+    asset(
+        "text/css; charset=utf-8",
+        include_str!("../../static/admin.css"),
+    )
+}
+
+async fn script() -> Response {
+    asset(
+        "text/javascript; charset=utf-8",
+        include_str!("../../static/admin.js"),
+    )
+}
+
+async fn favicon() -> Response {
+    asset("image/svg+xml", include_str!("../../static/favicon.svg"))
+}

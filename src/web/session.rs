@@ -1,0 +1,325 @@
+//! Sessions, roles, CSRF and the sign-in rate limits.
+//!
+//! A session is 256 random bits in an `HttpOnly`, `SameSite=Strict` cookie (`Secure` when the
+//! public URL is https); Postgres keeps only its sha256, with the session's CSRF token. Every
+//! request to a protected page passes [`require_session`], which also checks the CSRF token of
+//! every state-changing request and refuses changes to anyone but an `admin`.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{FromRequestParts, MatchedPath, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+
+use super::error::WebError;
+use super::view::Flash;
+use crate::app::AppState;
+use crate::db;
+
+pub const SESSION_COOKIE: &str = "toolgate_session";
+/// Double-submit token of the sign-in form, which has no session yet.
+pub const LOGIN_COOKIE: &str = "toolgate_login";
+pub const FLASH_COOKIE: &str = "toolgate_flash";
+/// Sessions end this long after sign-in, whatever the activity.
+pub const SESSION_HOURS: i64 = 12;
+/// Largest form body a protected page accepts.
+const MAX_FORM_BYTES: usize = 256 * 1024;
+
+/// What an admin account may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Edits everything.
+    Admin,
+    /// Reads everything and exports the audit log; edits nothing.
+    Auditor,
+    /// Reads everything except tool arguments and results in the audit log.
+    Viewer,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "admin" => Some(Role::Admin),
+            "auditor" => Some(Role::Auditor),
+            "viewer" => Some(Role::Viewer),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Auditor => "auditor",
+            Role::Viewer => "viewer",
+        }
+    }
+
+    pub fn can_edit(self) -> bool {
+        self == Role::Admin
+    }
+
+    pub fn can_export(self) -> bool {
+        matches!(self, Role::Admin | Role::Auditor)
+    }
+
+    /// Tool arguments (and results, and messages quoting them) in the audit log.
+    pub fn can_see_arguments(self) -> bool {
+        matches!(self, Role::Admin | Role::Auditor)
+    }
+}
+
+/// The signed-in user of a request, put in its extensions by [`require_session`].
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub username: String,
+    pub role: Role,
+    pub csrf: String,
+    pub session_hash: String,
+}
+
+impl Admin {
+    /// The actor the audit log records for this user's changes.
+    pub fn actor(&self) -> String {
+        format!("admin:{}", self.username)
+    }
+
+    pub fn require_edit(&self) -> Result<(), WebError> {
+        if self.role.can_edit() {
+            Ok(())
+        } else {
+            Err(WebError::Forbidden(format!(
+                "The {} role can read but not change anything.",
+                self.role.as_str()
+            )))
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Admin {
+    type Rejection = WebError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, WebError> {
+        parts
+            .extensions
+            .get::<Admin>()
+            .cloned()
+            .ok_or_else(|| WebError::Forbidden("Sign in first.".into()))
+    }
+}
+
+/// 256 random bits, URL-safe.
+pub fn random_token() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    URL_SAFE_NO_PAD.encode(bytes)
+}
+
+pub fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+/// Compares digests, so that the time taken does not depend on where the strings differ.
+pub fn same_token(a: &str, b: &str) -> bool {
+    !a.is_empty() && Sha256::digest(a.as_bytes()) == Sha256::digest(b.as_bytes())
+}
+
+/// The value of cookie `name`, if the request carries it.
+pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// A `Set-Cookie` value; `max_age` 0 deletes the cookie.
+pub fn set_cookie(
+    state: &AppState,
+    name: &str,
+    value: &str,
+    path: &str,
+    max_age: i64,
+) -> HeaderValue {
+    let secure = if state.settings.issuer.starts_with("https://") {
+        "; Secure"
+    } else {
+        ""
+    };
+    let v = format!(
+        "{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Strict{secure}"
+    );
+    HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// Where a request comes from, for the sign-in rate limit. Behind a proxy this is the proxy.
+pub fn client_ip(origin: Option<&crate::audit::RequestOrigin>) -> IpAddr {
+    origin
+        .and_then(|o| o.remote_addr.as_deref())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+}
+
+/// Signs requests in, checks CSRF on every state change, and keeps non-admins read-only.
+pub async fn require_session(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let hash = cookie(req.headers(), SESSION_COOKIE).map(sha256_hex);
+    let record = match &hash {
+        Some(h) => match db::admin::session(&state.db, h).await {
+            Ok(r) => r,
+            Err(e) => return WebError::from(e).into_response(),
+        },
+        None => None,
+    };
+    let safe = matches!(*req.method(), Method::GET | Method::HEAD);
+    let (Some(record), Some(hash)) = (record, hash) else {
+        if safe {
+            let next_url = req
+                .extensions()
+                .get::<axum::extract::OriginalUri>()
+                .and_then(|u| u.0.path_and_query().map(|p| p.as_str().to_owned()))
+                .unwrap_or_else(|| "/admin".to_owned());
+            let target = url::form_urlencoded::Serializer::new(String::new())
+                .append_pair("next", &next_url)
+                .finish();
+            return Redirect::to(&format!("/admin/login?{target}")).into_response();
+        }
+        return WebError::Forbidden("Your session has ended. Sign in again.".into())
+            .into_response();
+    };
+    let Some(role) = Role::parse(&record.role) else {
+        return WebError::Forbidden("This account has no valid role.".into()).into_response();
+    };
+    let admin = Admin {
+        username: record.username,
+        role,
+        csrf: record.csrf_token,
+        session_hash: hash,
+    };
+    let mut req = req;
+    if !safe {
+        let path = req
+            .extensions()
+            .get::<MatchedPath>()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_default();
+        let (parts, body) = req.into_parts();
+        let Ok(bytes) = axum::body::to_bytes(body, MAX_FORM_BYTES).await else {
+            return WebError::BadRequest("The form is too large.".into()).into_response();
+        };
+        let presented = parts
+            .headers
+            .get("x-csrf-token")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .or_else(|| {
+                url::form_urlencoded::parse(&bytes)
+                    .find(|(k, _)| k == "csrf")
+                    .map(|(_, v)| v.into_owned())
+            })
+            .unwrap_or_default();
+        if !same_token(&presented, &admin.csrf) {
+            return WebError::Forbidden(
+                "This form has expired or did not come from this site. Reload the page and try again."
+                    .into(),
+            )
+            .into_response();
+        }
+        // Signing out is the one change every role may make.
+        if path != "/admin/logout"
+            && let Err(e) = admin.require_edit()
+        {
+            return e.into_response();
+        }
+        req = Request::from_parts(parts, Body::from(bytes));
+    }
+    let flash = cookie(req.headers(), FLASH_COOKIE).and_then(Flash::decode);
+    let had_flash = flash.is_some();
+    req.extensions_mut().insert(admin);
+    if let Some(f) = flash {
+        req.extensions_mut().insert(f);
+    }
+    let mut response = next.run(req).await;
+    if had_flash && !response.status().is_redirection() {
+        response.headers_mut().append(
+            header::SET_COOKIE,
+            set_cookie(&state, FLASH_COOKIE, "", "/admin", 0),
+        );
+    }
+    response
+}
+
+/// A redirect that shows `flash` on the next page (post/redirect/get).
+pub fn redirect_with(state: &AppState, to: &str, flash: Flash) -> Response {
+    let mut r = Redirect::to(to).into_response();
+    r.headers_mut().append(
+        header::SET_COOKIE,
+        set_cookie(state, FLASH_COOKIE, &flash.encode(), "/admin", 60),
+    );
+    r
+}
+
+/// Sign-in attempts per client IP and per username, in this process.
+pub struct LoginLimiter {
+    by_ip: DefaultKeyedRateLimiter<IpAddr>,
+    by_user: DefaultKeyedRateLimiter<String>,
+    clock: DefaultClock,
+}
+
+fn quota(every_secs: u64, burst: u32) -> Quota {
+    Quota::with_period(Duration::from_secs(every_secs))
+        .unwrap_or_else(|| Quota::per_minute(NonZeroU32::MIN))
+        .allow_burst(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN))
+}
+
+impl Default for LoginLimiter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LoginLimiter {
+    /// Ten tries per IP, then one every 6 s; five per username, then one every 12 s.
+    pub fn new() -> Self {
+        Self {
+            by_ip: RateLimiter::keyed(quota(6, 10)),
+            by_user: RateLimiter::keyed(quota(12, 5)),
+            clock: DefaultClock::default(),
+        }
+    }
+
+    /// Takes one attempt; the wait before the next when either limit is exhausted.
+    pub fn check(&self, ip: IpAddr, username: &str) -> Result<(), Duration> {
+        // Keep memory bounded under a spray of addresses or names.
+        if self.by_ip.len() > 10_000 || self.by_user.len() > 10_000 {
+            self.by_ip.retain_recent();
+            self.by_user.retain_recent();
+        }
+        let now = self.clock.now();
+        let ip_result = self.by_ip.check_key(&ip);
+        let user_result = self
+            .by_user
+            .check_key(&username.to_lowercase().chars().take(64).collect());
+        let wait = [ip_result.err(), user_result.err()]
+            .into_iter()
+            .flatten()
+            .map(|n| n.wait_time_from(now))
+            .max();
+        match wait {
+            Some(w) => Err(w),
+            None => Ok(()),
+        }
+    }
+}
