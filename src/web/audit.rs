@@ -58,6 +58,8 @@ pub struct EventRow {
     pub tool: String,
     pub actor: String,
     pub resource: String,
+    /// What an admin change did (`grant.create`), from its details.
+    pub action: String,
 }
 
 fn tone(outcome: &str) -> &'static str {
@@ -80,6 +82,12 @@ pub fn event_row(r: &ChainedEvent) -> EventRow {
         tool: e.tool.clone().unwrap_or_default(),
         actor: e.admin_user.clone().unwrap_or_default(),
         resource: e.resource.clone().unwrap_or_default(),
+        action: e
+            .details
+            .as_deref()
+            .and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+            .and_then(|d| d.get("action").and_then(|a| a.as_str()).map(str::to_owned))
+            .unwrap_or_default(),
     }
 }
 

@@ -76,7 +76,8 @@ pub fn broken_groups(snapshot: &PolicySnapshot) -> Vec<Broken> {
 
 pub struct AgentRow {
     pub name: String,
-    pub grants: Vec<String>,
+    /// Each grant with the number of tools it matches.
+    pub grants: Vec<(String, usize)>,
     pub visible_tools: usize,
     pub zero_match: usize,
     pub sees_nothing: bool,
@@ -119,7 +120,11 @@ pub async fn show(State(state): State<AppState>, ctx: Ctx) -> Result<Response, W
             .iter()
             .map(|a| AgentRow {
                 name: a.name.clone(),
-                grants: a.grants.iter().map(|g| g.target.clone()).collect(),
+                grants: a
+                    .grants
+                    .iter()
+                    .map(|g| (g.target.clone(), g.matched_tools))
+                    .collect(),
                 visible_tools: a.visible_tools,
                 zero_match: a.zero_match_grants,
                 sees_nothing: a.sees_nothing,

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The admin UI in a real browser: installs what the browser test needs (Debian's chromium and
+# chromium-driver when missing, playwright-core from the lockfile; no browser download), builds
+# toolgate, and runs tests/browser/admin-ui.test.mjs with node's test runner. Exits non-zero on
+# any failure. Screenshots land in $SCREENSHOT_DIR (default target/browser-screenshots).
+#
+# Needs: Postgres on 127.0.0.1:5432 with trust auth (PG_BASE to change), Node 20 or newer, npm.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+
+if [[ ! -x /usr/bin/chromium || ! -x /usr/bin/chromedriver ]]; then
+  echo "installing chromium and chromium-driver (Debian packages)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+/usr/bin/chromium --version
+
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "installing nodejs and npm (Debian packages)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq nodejs npm >/dev/null
+fi
+node --version
+
+# playwright-core only: it drives the system Chromium and never downloads a browser.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
+(cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
+
+cargo build --bin toolgate
+
+export TOOLGATE_BIN=$root/target/debug/toolgate
+export SCREENSHOT_DIR=${SCREENSHOT_DIR:-$root/target/browser-screenshots}
+export PG_BASE=${PG_BASE:-postgres://${PGUSER:-root}@127.0.0.1:5432}
+cd tests/browser
+node --test admin-ui.test.mjs
+echo "screenshots in $SCREENSHOT_DIR"

@@ -1,0 +1,236 @@
+// The admin UI in a real browser: the system's headless Chromium (Debian `chromium`), driven by
+// playwright-core over CDP. No browser is downloaded.
+//
+// Starts the real `toolgate serve` on a free port over a fresh database, creates an admin with
+// `toolgate admin create-user`, signs in, adds a grant with a typo, sees the red zero-match flag
+// and the "did you mean" suggestion, fixes it, sees the agent's tools and token cost change, and
+// exports the audit log as CSV. Screenshots of the main pages go to SCREENSHOT_DIR (printed).
+//
+// Environment: TOOLGATE_BIN (default target/debug/toolgate), PG_BASE (default
+// postgres://root@127.0.0.1:5432), CHROMIUM (default /usr/bin/chromium), SCREENSHOT_DIR.
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, spawnSync } from "node:child_process";
+import fs from "node:fs";
+import net from "node:net";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+const bin = process.env.TOOLGATE_BIN || path.join(root, "target/debug/toolgate");
+const pgBase = process.env.PG_BASE || "postgres://root@127.0.0.1:5432";
+const chromiumPath = process.env.CHROMIUM || "/usr/bin/chromium";
+const shots = path.resolve(process.env.SCREENSHOT_DIR || path.join(root, "target/browser-screenshots"));
+const database = `toolgate_browser_${process.pid}_${Date.now()}`;
+const databaseUrl = `${pgBase}/${database}`;
+const password = "a long admin password for the browser test";
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+// Every toolgate flag also reads a TOOLGATE_* variable: none may leak in.
+function cleanEnv() {
+  const env = { ...process.env };
+  for (const k of Object.keys(env)) if (k.startsWith("TOOLGATE_")) delete env[k];
+  return env;
+}
+
+function policiesDir() {
+  // The assistant starts with the `text` group only, so that adding `search` visibly changes
+  // what it sees.
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-policies-"));
+  const agent = (name, body) => {
+    fs.mkdirSync(path.join(dir, "agents", name), { recursive: true });
+    fs.writeFileSync(path.join(dir, "agents", name, "agent.md"), body);
+  };
+  agent("assistant", "---\ndescription: General assistant that answers questions from the team's notes.\ntools: [text]\n---\n");
+  agent("meteo", "---\ndescription: Weather agent for travel and event planning.\ntools: [weather]\nrate_limit: {per_second: 5, burst: 10}\n---\n");
+  return dir;
+}
+
+async function waitReady(url, server, log) {
+  for (let i = 0; i < 240; i++) {
+    if (server.exitCode !== null) throw new Error(`toolgate exited early:\n${fs.readFileSync(log, "utf8")}`);
+    try {
+      const r = await fetch(`${url}/readyz`);
+      if (r.ok) return;
+    } catch {
+      // not listening yet
+    }
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  throw new Error(`toolgate was not ready after 60 s:\n${fs.readFileSync(log, "utf8")}`);
+}
+
+test("an admin fixes a typo grant in the browser and exports the audit log", { timeout: 180_000 }, async (t) => {
+  fs.mkdirSync(shots, { recursive: true });
+  console.log(`screenshots: ${shots}`);
+  const port = await freePort();
+  const base = `http://127.0.0.1:${port}`;
+  const log = path.join(shots, "server.log");
+  const policies = policiesDir();
+  const server = spawn(
+    bin,
+    ["serve", "--database-url", databaseUrl, "--bind", `127.0.0.1:${port}`,
+      "--tools-dir", path.join(root, "tools"), "--policies-dir", policies],
+    { env: cleanEnv(), stdio: ["ignore", fs.openSync(log, "w"), fs.openSync(log, "a")] },
+  );
+  let context;
+  t.after(async () => {
+    if (context) await context.close().catch(() => {});
+    server.kill("SIGTERM");
+    await new Promise((r) => (server.exitCode !== null ? r() : server.once("exit", r)));
+    spawnSync("psql", [`${pgBase}/postgres`, "-qc", `DROP DATABASE IF EXISTS "${database}" WITH (FORCE)`]);
+    fs.rmSync(policies, { recursive: true, force: true });
+  });
+  await waitReady(base, server, log);
+
+  const created = spawnSync(
+    bin,
+    ["admin", "create-user", "--database-url", databaseUrl, "--username", "ada", "--role", "admin"],
+    { input: `${password}\n`, env: cleanEnv(), encoding: "utf8" },
+  );
+  assert.equal(created.status, 0, created.stderr);
+
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-chromium-"));
+  context = await chromium.launchPersistentContext(profile, {
+    executablePath: chromiumPath,
+    headless: true,
+    viewport: { width: 1360, height: 900 },
+    acceptDownloads: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  });
+  t.after(() => fs.rmSync(profile, { recursive: true, force: true }));
+  const page = context.pages()[0] || (await context.newPage());
+  // A CSP violation or a script error shows up here; the UI must have none.
+  const problems = [];
+  page.on("console", (m) => { if (m.type() === "error") problems.push(m.text()); });
+  page.on("pageerror", (e) => problems.push(String(e)));
+  const shot = (name, fullPage = true) => page.screenshot({ path: path.join(shots, name), fullPage });
+  const agentState = async () => ({
+    visible: Number(await page.locator("[data-visible-count]").textContent()),
+    tokens: Number((await page.locator('[data-cost="agent"]').textContent()).replace(/\D/g, "")),
+  });
+
+  await t.test("sign in", async () => {
+    await page.goto(`${base}/admin`);
+    assert.match(page.url(), /\/admin\/login\?next=%2Fadmin$/);
+    await shot("00-sign-in.png", false);
+    await page.getByLabel("Username").fill("ada");
+    await page.getByLabel("Password").fill(password);
+    await page.getByRole("button", { name: "Sign in" }).click();
+    await page.waitForURL(`${base}/admin`);
+    assert.equal(await page.locator("h1").textContent(), "Dashboard");
+    // Keyboard users get the skip link first.
+    await page.keyboard.press("Tab");
+    assert.equal(await page.evaluate(() => document.activeElement.textContent), "Skip to content");
+  });
+
+  let before;
+  await t.test("the agent page shows what assistant sees now", async () => {
+    await page.goto(`${base}/admin/agents/assistant`);
+    before = await agentState();
+    assert.equal(before.visible, 1);
+    assert.ok(before.tokens > 0);
+  });
+
+  await t.test("a grant with a typo is flagged while typing and after saving", async () => {
+    await page.goto(`${base}/admin/grants/new?agent=assistant`);
+    await page.getByLabel("Group or tool").pressSequentially("serch", { delay: 30 });
+    // The live preview (our JavaScript) flags it before anything is saved.
+    const live = page.locator("#live-preview .problem");
+    await live.waitFor();
+    assert.match(await live.textContent(), /serch matches no tool\. Did you mean search\?/);
+    await shot("02-grant-editor-typo.png", false);
+    await page.getByRole("button", { name: "Save grant" }).click();
+    await page.waitForURL(`${base}/admin/agents/assistant`);
+    assert.match(await page.locator(".flash").textContent(), /matches no tool\. Did you mean search\?/);
+  });
+
+  await t.test("the dashboard shows the zero-match grant in red with the suggestion", async () => {
+    await page.goto(`${base}/admin`);
+    const flag = page.locator('.problems li[data-problem="zero-match"]');
+    assert.equal(await flag.count(), 1);
+    assert.match(await flag.textContent(), /The grant serch of agent assistant matches no tool\.\s*Did you mean search\?/);
+    const color = await flag.locator(".problem-tag").evaluate((e) => getComputedStyle(e).backgroundColor);
+    assert.equal(color, "rgb(180, 35, 24)");
+    // Cropped to the page's content: this one is also the README's picture (docs/dashboard.png).
+    const bottom = await page.evaluate(() => document.querySelector(".footer").getBoundingClientRect().bottom);
+    await page.screenshot({
+      path: path.join(shots, "01-dashboard-zero-match.png"),
+      clip: { x: 0, y: 0, width: 1360, height: Math.min(900, Math.ceil(bottom)) },
+    });
+  });
+
+  await t.test("following the suggestion fixes the grant", async () => {
+    await page.locator('.problems li[data-problem="zero-match"] .suggestion a').click();
+    await page.waitForURL(/\/admin\/grants\/new\?agent=assistant&target=search$/);
+    // Rendered by the server: the preview works without JavaScript.
+    assert.match(await page.locator(".preview-good").textContent(), /search matches 2 tool\(s\)/);
+    await shot("03-grant-editor-preview.png", false);
+    await page.getByRole("button", { name: "Save grant" }).click();
+    await page.waitForURL(`${base}/admin/agents/assistant`);
+    await page.getByRole("link", { name: "Remove grant serch" }).click();
+    assert.match(await page.locator("h1").textContent(), /Remove the grant serch from agent assistant\?/);
+    await shot("04-confirm-remove.png", false);
+    await page.getByRole("button", { name: "Remove grant" }).click();
+    await page.waitForURL(`${base}/admin/agents/assistant`);
+    assert.equal(await page.locator(".problems").count(), 0);
+  });
+
+  await t.test("the agent now sees more tools, at a higher token cost", async () => {
+    const after = await agentState();
+    assert.equal(after.visible, 3);
+    assert.ok(after.tokens > before.tokens, `${after.tokens} > ${before.tokens}`);
+    const tools = await page.locator("#tools-heading + table tbody th").allTextContents();
+    assert.deepEqual(tools.map((s) => s.trim()), ["search__get", "search__query", "text__wordcount"]);
+    await shot("05-agent.png");
+  });
+
+  await t.test("the catalog lists tools with their schemas and who sees them", async () => {
+    await page.goto(`${base}/admin/tools`);
+    const tool = page.locator("#tool-search__query");
+    assert.match(await tool.textContent(), /Seen by\s*assistant/);
+    await tool.locator("summary").click();
+    assert.match(await tool.locator("pre").textContent(), /"type": "object"/);
+    await shot("06-catalog.png");
+  });
+
+  await t.test("the audit log filters admin changes and exports them as CSV", async () => {
+    await page.goto(`${base}/admin/audit`);
+    await page.getByLabel("Event type").selectOption("admin.change");
+    await page.getByRole("button", { name: "Filter" }).click();
+    await page.waitForURL(/event_type=admin\.change/);
+    const rows = await page.locator("table.data tbody tr").allTextContents();
+    assert.ok(rows.some((r) => r.includes("agent:assistant/grant:serch") && r.includes("admin:ada")), rows.join("\n"));
+    await shot("07-audit-log.png");
+    const [download] = await Promise.all([
+      page.waitForEvent("download"),
+      page.getByRole("link", { name: "CSV" }).click(),
+    ]);
+    const file = path.join(shots, "audit-export.csv");
+    await download.saveAs(file);
+    const csv = fs.readFileSync(file, "utf8");
+    assert.ok(csv.startsWith("id,at,chain,"), csv.slice(0, 200));
+    assert.match(csv, /grant\.create/);
+    assert.match(csv, /admin:ada/);
+    assert.match(csv, /agent:assistant\/grant:search/);
+    assert.ok(csv.trim().split("\n").slice(1).every((l) => l.includes("admin.change")));
+  });
+
+  await t.test("no page had a script error or a CSP violation", () => {
+    assert.deepEqual(problems, []);
+  });
+});
