@@ -21,16 +21,34 @@ fn stats(mut samples: Vec<Duration>) -> (f64, f64, f64) {
     samples.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let mean = samples.iter().map(|d| ms(*d)).sum::<f64>() / samples.len() as f64;
-    (ms(samples[samples.len() / 2]), ms(samples[samples.len() * 99 / 100]), mean)
+    (
+        ms(samples[samples.len() / 2]),
+        ms(samples[samples.len() * 99 / 100]),
+        mean,
+    )
 }
 
 fn row(name: &str, s: (f64, f64, f64)) {
-    println!("| {name:<52} | {:>8.3} | {:>8.3} | {:>8.3} |", s.0, s.1, s.2);
+    println!(
+        "| {name:<52} | {:>8.3} | {:>8.3} | {:>8.3} |",
+        s.0, s.1, s.2
+    );
 }
 
 async fn app(url: &str, tools: &std::path::Path, audited: bool) -> (AppState, String) {
-    let args = ["toolgate", "serve", "--tools-dir", tools.to_str().unwrap(), "--admin-token", "bench", "--bind", "127.0.0.1:0"];
-    let Command::Serve(serve) = Cli::parse_from(args).command else { unreachable!() };
+    let args = [
+        "toolgate",
+        "serve",
+        "--tools-dir",
+        tools.to_str().unwrap(),
+        "--admin-token",
+        "bench",
+        "--bind",
+        "127.0.0.1:0",
+    ];
+    let Command::Serve(serve) = Cli::parse_from(args).command else {
+        unreachable!()
+    };
     let settings = Settings::from_args(&serve).unwrap();
     let pool = toolgate::db::connect(url, 16).await.unwrap();
     toolgate::db::migrate(&pool, url).await.unwrap();
@@ -45,18 +63,41 @@ async fn app(url: &str, tools: &std::path::Path, audited: bool) -> (AppState, St
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let router = toolgate::app::router(state.clone());
-    tokio::spawn(async move { axum::serve(listener, router.into_make_service_with_connect_info::<std::net::SocketAddr>()).await });
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await
+    });
     (state, format!("http://{addr}"))
 }
 
 async fn token(http: &reqwest::Client, base: &str, agent: &str) -> String {
     let admin = |r: reqwest::RequestBuilder| r.bearer_auth("bench");
-    let _ = admin(http.post(format!("{base}/api/v1/agents"))).json(&json!({"name": agent})).send().await.unwrap();
-    let _ = admin(http.post(format!("{base}/api/v1/agents/{agent}/grants"))).json(&json!({"target": "bench"})).send().await.unwrap();
-    let c: serde_json::Value = admin(http.post(format!("{base}/api/v1/agents/{agent}/clients"))).send().await.unwrap().json().await.unwrap();
+    let _ = admin(http.post(format!("{base}/api/v1/agents")))
+        .json(&json!({"name": agent}))
+        .send()
+        .await
+        .unwrap();
+    let _ = admin(http.post(format!("{base}/api/v1/agents/{agent}/grants")))
+        .json(&json!({"target": "bench"}))
+        .send()
+        .await
+        .unwrap();
+    let c: serde_json::Value = admin(http.post(format!("{base}/api/v1/agents/{agent}/clients")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let t: serde_json::Value = http
         .post(format!("{base}/oauth/token"))
-        .basic_auth(c["client_id"].as_str().unwrap(), c["client_secret"].as_str())
+        .basic_auth(
+            c["client_id"].as_str().unwrap(),
+            c["client_secret"].as_str(),
+        )
         .form(&[("grant_type", "client_credentials")])
         .send()
         .await
@@ -69,7 +110,8 @@ async fn token(http: &reqwest::Client, base: &str, agent: &str) -> String {
 
 #[tokio::main]
 async fn main() {
-    let server = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".into());
+    let server = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".into());
     let base_url = server.rsplit_once('/').map(|(b, _)| b.to_owned()).unwrap();
     let db = format!("toolgate_bench_{}", std::process::id());
     let url = format!("{base_url}/{db}");
@@ -91,15 +133,26 @@ async fn main() {
     let n = 300;
 
     println!("toolgate gateway benchmark ({n} sequential samples per row; ms)\n");
-    println!("| {:<52} | {:>8} | {:>8} | {:>8} |", "measurement", "p50", "p99", "mean");
-    println!("|{}|{}|{}|{}|", "-".repeat(54), "-".repeat(10), "-".repeat(10), "-".repeat(10));
+    println!(
+        "| {:<52} | {:>8} | {:>8} | {:>8} |",
+        "measurement", "p50", "p99", "mean"
+    );
+    println!(
+        "|{}|{}|{}|{}|",
+        "-".repeat(54),
+        "-".repeat(10),
+        "-".repeat(10),
+        "-".repeat(10)
+    );
 
     // 1. The script alone, spawned by the runner.
     let (state, base) = app(&url, &tools, true).await;
     let tok = token(&http, &base, "bench").await;
     let catalog = state.policy.catalog();
     let tool = catalog.get("bench__echo").unwrap().clone();
-    let toolgate::pool::Execution::Script(spec) = &tool.exec;
+    let toolgate::pool::Execution::Script(spec) = &tool.exec else {
+        unreachable!("bench__echo is a script")
+    };
     let mut spawn = Vec::new();
     for i in 0..n {
         let t = Instant::now();
@@ -114,7 +167,13 @@ async fn main() {
         let mut v = Vec::new();
         for i in 0..n {
             let t = Instant::now();
-            let r = http.post(format!("{base}/tools/bench/echo")).bearer_auth(&tok).json(&json!({"n": i})).send().await.unwrap();
+            let r = http
+                .post(format!("{base}/tools/bench/echo"))
+                .bearer_auth(&tok)
+                .json(&json!({"n": i}))
+                .send()
+                .await
+                .unwrap();
             assert!(r.status().is_success());
             let _ = r.bytes().await;
             v.push(t.elapsed());
@@ -153,8 +212,14 @@ async fn main() {
             stats(v)
         }
     };
-    row("MCP tools/list, audit on", list(base.clone(), tok.clone()).await);
-    row("MCP tools/list, audit off", list(base_off.clone(), tok_off.clone()).await);
+    row(
+        "MCP tools/list, audit on",
+        list(base.clone(), tok.clone()).await,
+    );
+    row(
+        "MCP tools/list, audit off",
+        list(base_off.clone(), tok_off.clone()).await,
+    );
 
     // 5. tools/list throughput with 32 concurrent clients for 5 s.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -184,11 +249,18 @@ async fn main() {
     for w in workers {
         total += w.await.unwrap();
     }
-    println!("\ntools/list throughput, 32 concurrent clients, audit on: {:.0} requests/s", total as f64 / 5.0);
+    println!(
+        "\ntools/list throughput, 32 concurrent clients, audit on: {:.0} requests/s",
+        total as f64 / 5.0
+    );
 
     // 6. Durable audit rows per second through the group-commit writer, 256 concurrent writers.
     let pool = PgPool::connect(&url).await.unwrap();
-    let log = AuditLog::spawn(pool.clone(), format!("bench/{}", uuid::Uuid::now_v7()), "bench".into());
+    let log = AuditLog::spawn(
+        pool.clone(),
+        format!("bench/{}", uuid::Uuid::now_v7()),
+        "bench".into(),
+    );
     let started = Instant::now();
     let per = 400;
     let writers: Vec<_> = (0..256)
@@ -208,7 +280,11 @@ async fn main() {
         w.await.unwrap();
     }
     let rows = 256 * per;
-    println!("durable audit rows: {rows} in {:.2} s = {:.0} rows/s (each writer waited for its commit)", started.elapsed().as_secs_f64(), rows as f64 / started.elapsed().as_secs_f64());
+    println!(
+        "durable audit rows: {rows} in {:.2} s = {:.0} rows/s (each writer waited for its commit)",
+        started.elapsed().as_secs_f64(),
+        rows as f64 / started.elapsed().as_secs_f64()
+    );
     println!(
         "\ncall overhead over the script alone (p50): {:.2} ms with audit, {:.2} ms without",
         audited.0 - spawn.0,
@@ -219,7 +295,9 @@ async fn main() {
     state.db.close().await;
     _plain.db.close().await;
     let admin = PgPool::connect(&server).await.unwrap();
-    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).execute(&admin).await;
+    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .execute(&admin)
+        .await;
     let _ = std::fs::remove_dir_all(&tools);
 }
 

@@ -101,6 +101,7 @@ pub struct Inner {
     pub metrics: Metrics,
     pub audit: crate::audit::writer::AuditLog,
     pub limits: crate::limits::RateLimits,
+    pub upstreams: crate::upstream::Upstreams,
     /// Client-assertion ids already used on this instance.
     pub replay: crate::oauth::ReplayCache,
     /// Serialises pool reloads so two bursts of file events never interleave.
@@ -126,11 +127,16 @@ impl AppState {
         Self::with_audit(settings, db, audit)
     }
 
-    pub fn with_audit(settings: Settings, db: PgPool, audit: crate::audit::writer::AuditLog) -> Self {
+    pub fn with_audit(
+        settings: Settings,
+        db: PgPool,
+        audit: crate::audit::writer::AuditLog,
+    ) -> Self {
         let limits = crate::limits::RateLimits::new(settings.token_rate.0, settings.token_rate.1);
         Self(Arc::new(Inner {
             audit,
             limits,
+            upstreams: crate::upstream::Upstreams::default(),
             settings,
             db,
             policy: PolicyHandle::default(),
@@ -144,11 +150,12 @@ impl AppState {
     pub fn reload_pool(&self) -> usize {
         let _guard = self.reload_lock.lock().unwrap_or_else(|p| p.into_inner());
         let previous = self.policy.catalog();
-        let catalog = Arc::new(load_pool(
+        let scripts = load_pool(
             &self.settings.tools_dir,
             Some(&previous),
             &self.settings.loader,
-        ));
+        );
+        let catalog = Arc::new(scripts.with_upstreams(self.upstreams.catalog_part()));
         let n = catalog.len();
         self.policy.set_catalog(catalog.clone());
         self.refresh_gauges();
@@ -167,7 +174,38 @@ impl AppState {
     pub async fn reload_policy(&self) -> sqlx::Result<()> {
         let state = db::policy::load_state(&self.db).await?;
         self.policy.set_state(state);
+        self.reconcile_upstreams().await?;
         self.refresh_gauges();
+        Ok(())
+    }
+
+    /// Starts and stops upstream supervisors to match the `upstreams` table. A spec that no
+    /// longer parses is logged and left out.
+    async fn reconcile_upstreams(&self) -> sqlx::Result<()> {
+        let mut conn = self.db.acquire().await?;
+        let rows = db::policy::upstreams(&mut conn).await?;
+        drop(conn);
+        let mut specs = std::collections::BTreeMap::new();
+        for (name, spec) in rows {
+            match serde_json::from_value::<crate::upstream::UpstreamSpec>(spec) {
+                Ok(s) => {
+                    specs.insert(name, s);
+                }
+                Err(e) => {
+                    tracing::error!(upstream = %name, error = %e, "invalid upstream spec in the database")
+                }
+            }
+        }
+        // The supervisors must not keep the state alive: they hold it weakly.
+        let weak = Arc::downgrade(&self.0);
+        self.upstreams.reconcile(
+            &specs,
+            Arc::new(move || {
+                if let Some(inner) = weak.upgrade() {
+                    AppState(inner).reload_pool();
+                }
+            }),
+        );
         Ok(())
     }
 

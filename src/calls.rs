@@ -20,6 +20,8 @@ use crate::audit::{AuditEvent, RequestOrigin, kind, redact};
 use crate::policy::snapshot::Principal;
 use crate::pool::runner::{self, ScriptOutcome};
 use crate::pool::{Execution, Tool};
+use crate::upstream::UpstreamError;
+use rmcp::model::{CallToolResult, ContentBlock};
 
 /// Which surface a call came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,11 +55,71 @@ pub enum CallRefused {
     AuditUnavailable(AuditUnavailable),
 }
 
+/// How a call that reached its tool ended.
+#[derive(Debug)]
+pub enum Outcome {
+    Script(ScriptOutcome),
+    /// The upstream's own result (which may itself be `isError`), or why it gave none.
+    Upstream(Result<CallToolResult, UpstreamError>),
+}
+
+impl Outcome {
+    /// A short label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Script(s) => s.label(),
+            Outcome::Upstream(Ok(r)) if r.is_error == Some(true) => "tool_error",
+            Outcome::Upstream(Ok(_)) => "success",
+            Outcome::Upstream(Err(UpstreamError::Timeout(..))) => "timeout",
+            Outcome::Upstream(Err(UpstreamError::CircuitOpen(_) | UpstreamError::Down(_))) => {
+                "upstream_unavailable"
+            }
+            Outcome::Upstream(Err(UpstreamError::Failed(..))) => "upstream_error",
+        }
+    }
+
+    /// The outcome names the audit log uses.
+    fn audit_outcome(&self) -> &'static str {
+        match self {
+            Outcome::Script(s) => audit_outcome(s),
+            Outcome::Upstream(Ok(r)) if r.is_error == Some(true) => "tool_error",
+            Outcome::Upstream(Ok(_)) => "success",
+            Outcome::Upstream(Err(UpstreamError::Timeout(..))) => "timeout",
+            Outcome::Upstream(Err(_)) => "tool_error",
+        }
+    }
+
+    /// The MCP result: a script's JSON object becomes `structuredContent` plus the same JSON
+    /// as text, other JSON becomes text, a failure becomes `isError` with the text the model
+    /// needs to retry; an upstream's result passes through untouched.
+    pub fn into_mcp_result(self) -> CallToolResult {
+        match self {
+            Outcome::Script(ScriptOutcome::Success { output, .. }) => {
+                let text = serde_json::to_string(&output).unwrap_or_default();
+                if output.is_object() {
+                    let mut r = CallToolResult::structured(output);
+                    r.content = vec![ContentBlock::text(text)];
+                    r
+                } else {
+                    CallToolResult::success(vec![ContentBlock::text(text)])
+                }
+            }
+            Outcome::Script(failed) => CallToolResult::error(vec![ContentBlock::text(
+                failed.error_message().unwrap_or_default(),
+            )]),
+            Outcome::Upstream(Ok(r)) => r,
+            Outcome::Upstream(Err(e)) => {
+                CallToolResult::error(vec![ContentBlock::text(e.to_string())])
+            }
+        }
+    }
+}
+
 /// A call that reached the tool.
 #[derive(Debug)]
 pub struct CallDone {
     pub tool: Arc<Tool>,
-    pub outcome: ScriptOutcome,
+    pub outcome: Outcome,
     pub latency: Duration,
 }
 
@@ -187,13 +249,25 @@ pub async fn call(
 
     let ran = Instant::now();
     let outcome = match &tool.exec {
-        Execution::Script(spec) => runner::run(spec, &args, &state.settings.output).await,
+        Execution::Script(spec) => {
+            Outcome::Script(runner::run(spec, &args, &state.settings.output).await)
+        }
+        Execution::Upstream {
+            upstream,
+            tool: original,
+        } => {
+            let map = match &args {
+                Value::Object(m) => m.clone(),
+                _ => serde_json::Map::new(),
+            };
+            Outcome::Upstream(state.upstreams.call(upstream, original, map).await)
+        }
     };
     let latency = ran.elapsed();
 
     let mut e = base_event(
         kind::TOOL_RESULT,
-        audit_outcome(&outcome),
+        outcome.audit_outcome(),
         principal,
         name,
         surface,
@@ -203,10 +277,19 @@ pub async fn call(
     e.latency_us = Some(latency.as_micros() as i64);
     e.bytes_in = Some(bytes_in);
     match &outcome {
-        ScriptOutcome::Success {
+        Outcome::Upstream(Ok(r)) => {
+            let text = serde_json::to_string(r).unwrap_or_default();
+            e.bytes_out = Some(text.len() as i64);
+            e.result_sha256 = Some(hex::encode(Sha256::digest(text.as_bytes())));
+            if tool.audit.store_results {
+                e.result = Some(text);
+            }
+        }
+        Outcome::Upstream(Err(err)) => e.error = Some(err.to_string()),
+        Outcome::Script(ScriptOutcome::Success {
             output,
             stdout_bytes,
-        } => {
+        }) => {
             let text = serde_json::to_string(output).unwrap_or_default();
             e.bytes_out = Some(*stdout_bytes as i64);
             e.result_sha256 = Some(hex::encode(Sha256::digest(text.as_bytes())));
@@ -214,11 +297,11 @@ pub async fn call(
                 e.result = Some(text);
             }
         }
-        ScriptOutcome::Failed { exit_code, stderr } => {
+        Outcome::Script(ScriptOutcome::Failed { exit_code, stderr }) => {
             e.exit_code = *exit_code;
             e.error = Some(truncate(stderr, 4096));
         }
-        other => e.error = other.error_message().map(|m| truncate(&m, 4096)),
+        Outcome::Script(other) => e.error = other.error_message().map(|m| truncate(&m, 4096)),
     }
     if let Err(err) = state.audit.record(e).await {
         metric("audit_unavailable");

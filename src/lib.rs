@@ -25,3 +25,4 @@ pub mod search;
 pub mod service;
 pub mod telemetry;
 pub mod web;
+pub mod upstream;

@@ -322,3 +322,50 @@ pub async fn set_limits(
     refresh(state).await;
     Ok(())
 }
+
+/// Declares or replaces an upstream MCP server; its supervisor starts on every instance.
+pub async fn set_upstream(
+    state: &AppState,
+    actor: &str,
+    name: &str,
+    spec: crate::upstream::UpstreamSpec,
+) -> Result<()> {
+    if name.is_empty()
+        || !name.chars().all(crate::pool::is_name_char)
+        || name.contains("__")
+        || name.ends_with('_')
+    {
+        return Err(ServiceError::Invalid(format!(
+            "upstream name `{name}` must be letters, digits, `_`, `.` or `-`, without `__`"
+        )));
+    }
+    if state
+        .policy
+        .load()
+        .catalog
+        .tools()
+        .any(|t| t.group == name && matches!(t.source, crate::pool::ToolSource::Script { .. }))
+    {
+        return Err(ServiceError::Conflict(format!(
+            "`{name}` is already a script tool group"
+        )));
+    }
+    spec.validate().map_err(ServiceError::Invalid)?;
+    let spec = serde_json::to_value(&spec).map_err(anyhow::Error::from)?;
+    let mut tx = state.db.begin().await?;
+    let before = db::policy::upstreams(&mut tx).await?.remove(name);
+    db::policy::set_upstream(&mut tx, actor, name, before.as_ref(), &spec).await?;
+    tx.commit().await?;
+    refresh(state).await;
+    Ok(())
+}
+
+pub async fn delete_upstream(state: &AppState, actor: &str, name: &str) -> Result<()> {
+    let mut tx = state.db.begin().await?;
+    if !db::policy::delete_upstream(&mut tx, actor, name).await? {
+        return Err(ServiceError::NotFound(format!("upstream `{name}`")));
+    }
+    tx.commit().await?;
+    refresh(state).await;
+    Ok(())
+}

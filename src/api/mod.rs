@@ -33,6 +33,11 @@ pub fn router(state: AppState) -> Router<AppState> {
             get(get_limits).put(set_limits),
         )
         .route("/audit", get(list_audit))
+        .route("/upstreams", get(list_upstreams))
+        .route(
+            "/upstreams/{name}",
+            axum::routing::put(put_upstream).delete(delete_upstream),
+        )
         .route("/audit/export", get(export_audit))
         .route("/audit/{id}", get(get_audit))
         .layer(axum::middleware::from_fn_with_state(state, require_admin))
@@ -402,4 +407,35 @@ pub fn audit_export_response(
         axum::body::Body::from_stream(body),
     )
         .into_response()
+}
+
+/// Upstreams with their specs and live health on this instance.
+async fn list_upstreams(State(state): State<AppState>) -> ApiResult<Json<Value>> {
+    let mut conn = state.db.acquire().await.map_err(ServiceError::from)?;
+    let specs = crate::db::policy::upstreams(&mut conn)
+        .await
+        .map_err(ServiceError::from)?;
+    let health = state.upstreams.health();
+    let list: Vec<Value> = specs
+        .into_iter()
+        .map(|(name, spec)| json!({"name": name, "spec": spec, "health": health.get(&name)}))
+        .collect();
+    Ok(Json(json!({"upstreams": list})))
+}
+
+async fn put_upstream(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Json(spec): Json<crate::upstream::UpstreamSpec>,
+) -> ApiResult<StatusCode> {
+    service::set_upstream(&state, API_ACTOR, &name, spec).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn delete_upstream(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    service::delete_upstream(&state, API_ACTOR, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

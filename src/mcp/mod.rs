@@ -21,7 +21,6 @@ use crate::app::AppState;
 use crate::audit::{AuditEvent, RequestOrigin, kind};
 use crate::calls::{self, CallRefused, Surface};
 use crate::policy::snapshot::{Discovery, PolicySnapshot, Principal};
-use crate::pool::runner::ScriptOutcome;
 use crate::search;
 
 /// Largest JSON-RPC request body accepted on `/mcp`.
@@ -319,7 +318,7 @@ impl Gateway {
                 );
                 Ok(tool_error(text))
             }
-            Ok(done) => Ok(to_result(done.outcome).into()),
+            Ok(done) => Ok(done.outcome.into_mcp_result().into()),
         }
     }
 
@@ -384,22 +383,3 @@ fn tool_error(text: String) -> CallToolResponse {
     CallToolResult::error(vec![ContentBlock::text(text)]).into()
 }
 
-/// A JSON object becomes `structuredContent` plus the same JSON as text; other JSON becomes
-/// text; a failure becomes `isError` with the text the model needs to retry.
-pub fn to_result(outcome: ScriptOutcome) -> CallToolResult {
-    match outcome {
-        ScriptOutcome::Success { output, .. } => {
-            let text = serde_json::to_string(&output).unwrap_or_default();
-            if output.is_object() {
-                let mut r = CallToolResult::structured(output);
-                r.content = vec![ContentBlock::text(text)];
-                r
-            } else {
-                CallToolResult::success(vec![ContentBlock::text(text)])
-            }
-        }
-        failed => CallToolResult::error(vec![ContentBlock::text(
-            failed.error_message().unwrap_or_default(),
-        )]),
-    }
-}

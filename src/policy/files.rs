@@ -118,6 +118,8 @@ impl fmt::Display for Problem {
 pub struct PolicyDir {
     pub agents: Vec<AgentFile>,
     pub groups: Vec<GroupMeta>,
+    /// `upstreams/<group>.yaml`: upstream MCP servers served as tool groups.
+    pub upstreams: BTreeMap<String, crate::upstream::UpstreamSpec>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -229,6 +231,63 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
             body: body.trim().to_owned(),
             front_lines: yaml.lines().map(str::to_owned).collect(),
         });
+    }
+    let mut upstream_files: Vec<PathBuf> = std::fs::read_dir(dir.join("upstreams"))
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+                .collect()
+        })
+        .unwrap_or_default();
+    upstream_files.sort();
+    for path in upstream_files {
+        let file = shown(dir, &path);
+        let name = path
+            .file_stem()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        if name.is_empty()
+            || !name.chars().all(crate::pool::is_name_char)
+            || name.contains("__")
+            || name.ends_with('_')
+        {
+            problems.push(Problem {
+                file,
+                line: 1,
+                message: format!(
+                    "upstream name `{name}` must be letters, digits, `_`, `.` or `-`, without `__`"
+                ),
+            });
+            continue;
+        }
+        match std::fs::read_to_string(&path)
+            .map_err(|e| (1, e.to_string()))
+            .and_then(|t| {
+                serde_yaml::from_str::<crate::upstream::UpstreamSpec>(&t).map_err(|e| {
+                    (
+                        e.location().map(|l| l.line()).unwrap_or(1),
+                        format!("invalid upstream: {e}"),
+                    )
+                })
+            }) {
+            Ok(spec) => match spec.validate() {
+                Ok(()) => {
+                    out.upstreams.insert(name, spec);
+                }
+                Err(message) => problems.push(Problem {
+                    file,
+                    line: 1,
+                    message,
+                }),
+            },
+            Err((line, message)) => problems.push(Problem {
+                file,
+                line,
+                message,
+            }),
+        }
     }
     let groups_path = dir.join("groups.yaml");
     if groups_path.is_file() {
@@ -357,8 +416,21 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
             }
         }
     }
+    for name in policies.upstreams.keys() {
+        if catalog
+            .tools()
+            .any(|t| t.group == *name && matches!(t.source, crate::pool::ToolSource::Script { .. }))
+        {
+            problems.push(Problem {
+                file: format!("policies/upstreams/{name}.yaml"),
+                line: 1,
+                message: format!("upstream `{name}` has the name of a script tool group"),
+            });
+        }
+    }
+    let upstream_names: Vec<&String> = policies.upstreams.keys().collect();
     for g in &policies.groups {
-        if !groups.contains(&g.name) {
+        if !groups.contains(&g.name) && !upstream_names.contains(&&g.name) {
             let hint = super::suggestions(&g.name, catalog)
                 .first()
                 .map(|s| format!("; did you mean `{s}`?"))
@@ -406,6 +478,14 @@ pub enum Change {
         after: GroupMeta,
     },
     DeleteGroup {
+        name: String,
+    },
+    SetUpstream {
+        name: String,
+        before: Option<serde_json::Value>,
+        after: serde_json::Value,
+    },
+    DeleteUpstream {
         name: String,
     },
 }
@@ -464,6 +544,11 @@ impl fmt::Display for Change {
             } => write!(f, "+ group {}", after.name),
             Change::SetGroup { after, .. } => write!(f, "~ group {}", after.name),
             Change::DeleteGroup { name } => write!(f, "- group {name}"),
+            Change::SetUpstream {
+                name, before: None, ..
+            } => write!(f, "+ upstream {name}"),
+            Change::SetUpstream { name, .. } => write!(f, "~ upstream {name}"),
+            Change::DeleteUpstream { name } => write!(f, "- upstream {name}"),
         }
     }
 }
@@ -478,7 +563,12 @@ fn settings_of(a: &AgentRecord) -> AgentSettings {
 }
 
 /// The changes that make the database (`agents`, `groups`) match the folder.
-pub fn plan(policies: &PolicyDir, agents: &[AgentRecord], groups: &[GroupMeta]) -> Vec<Change> {
+pub fn plan(
+    policies: &PolicyDir,
+    agents: &[AgentRecord],
+    groups: &[GroupMeta],
+    upstreams: &BTreeMap<String, serde_json::Value>,
+) -> Vec<Change> {
     let mut changes = Vec::new();
     let current: BTreeMap<&str, &AgentRecord> =
         agents.iter().map(|a| (a.name.as_str(), a)).collect();
@@ -562,6 +652,22 @@ pub fn plan(policies: &PolicyDir, agents: &[AgentRecord], groups: &[GroupMeta]) 
             }),
         }
     }
+    for (name, spec) in &policies.upstreams {
+        let after = serde_json::to_value(spec).unwrap_or_default();
+        let before = upstreams.get(name);
+        if before != Some(&after) {
+            changes.push(Change::SetUpstream {
+                name: name.clone(),
+                before: before.cloned(),
+                after,
+            });
+        }
+    }
+    for name in upstreams.keys() {
+        if !policies.upstreams.contains_key(name) {
+            changes.push(Change::DeleteUpstream { name: name.clone() });
+        }
+    }
     let wanted_groups: BTreeSet<&str> = policies.groups.iter().map(|g| g.name.as_str()).collect();
     for g in groups {
         if !wanted_groups.contains(g.name.as_str()) {
@@ -617,7 +723,8 @@ pub async fn apply_dir(
         .await?;
     let state = db::policy::load_state(pool).await?;
     let groups = db::policy::groups(&mut tx).await?;
-    let changes = plan(&policies, &state.agents, &groups);
+    let upstreams = db::policy::upstreams(&mut tx).await?;
+    let changes = plan(&policies, &state.agents, &groups, &upstreams);
     if !dry_run {
         for change in &changes {
             match change {
@@ -648,6 +755,16 @@ pub async fn apply_dir(
                 }
                 Change::DeleteGroup { name } => {
                     db::policy::delete_group(&mut tx, actor, name).await?;
+                }
+                Change::SetUpstream {
+                    name,
+                    before,
+                    after,
+                } => {
+                    db::policy::set_upstream(&mut tx, actor, name, before.as_ref(), after).await?;
+                }
+                Change::DeleteUpstream { name } => {
+                    db::policy::delete_upstream(&mut tx, actor, name).await?;
                 }
             }
         }
@@ -700,6 +817,18 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
         let folder = agents_dir.join(&a.name);
         std::fs::create_dir_all(&folder)?;
         std::fs::write(folder.join("agent.md"), text)?;
+    }
+    let upstreams = db::policy::upstreams(&mut conn).await?;
+    if !upstreams.is_empty() {
+        let up_dir = dir.join("upstreams");
+        std::fs::create_dir_all(&up_dir)?;
+        for (name, spec) in &upstreams {
+            let spec: crate::upstream::UpstreamSpec = serde_json::from_value(spec.clone())?;
+            std::fs::write(
+                up_dir.join(format!("{name}.yaml")),
+                serde_yaml::to_string(&spec)?,
+            )?;
+        }
     }
     let groups_path = dir.join("groups.yaml");
     if groups.is_empty() {

@@ -366,8 +366,17 @@ pub fn load_group(
                     )),
                 }),
                 validator: Arc::new(validator),
+                meta: ui.as_ref().map(|rel| {
+                    let mut m = rmcp::model::MetaObject::new();
+                    m.insert(
+                        "ui".into(),
+                        json!({"resourceUri": format!("ui://{group}/{rel}")}),
+                    );
+                    m
+                }),
                 ui,
                 audit: audit.clone(),
+                annotations: None,
             }));
         }
     }

@@ -112,6 +112,11 @@ pub struct ScriptSpec {
 #[derive(Debug, Clone)]
 pub enum Execution {
     Script(ScriptSpec),
+    /// Forwarded to an upstream MCP server under the tool's original name.
+    Upstream {
+        upstream: String,
+        tool: String,
+    },
 }
 
 /// One tool of the pool.
@@ -132,6 +137,10 @@ pub struct Tool {
     pub ui: Option<String>,
     /// What the audit log keeps of this tool's calls.
     pub audit: Arc<crate::audit::AuditPolicy>,
+    /// Passed through untouched from upstream tools.
+    pub annotations: Option<rmcp::model::ToolAnnotations>,
+    /// `_meta`, passed through untouched (for MCP Apps: `_meta.ui`).
+    pub meta: Option<rmcp::model::MetaObject>,
 }
 
 impl Tool {
@@ -146,7 +155,19 @@ impl Tool {
             tool.description = None;
         }
         tool.title = self.title.clone();
+        tool.annotations = self.annotations.clone();
+        tool.meta = self.meta.clone();
         tool
+    }
+
+    /// The `ui://` resource of this tool's MCP App, if it has one.
+    pub fn ui_resource(&self) -> Option<String> {
+        self.meta
+            .as_ref()
+            .and_then(|m| m.get("ui"))
+            .and_then(|ui| ui.get("resourceUri"))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
     }
 
     /// Checks arguments against the input schema; each violation is one line.
@@ -239,6 +260,34 @@ impl Catalog {
         names.sort();
         names.dedup();
         names
+    }
+
+    /// This catalog plus upstream groups; an upstream whose group name is already served by a
+    /// script folder is reported, and its tools are left out.
+    pub fn with_upstreams(self, (tools, groups): (Vec<Arc<Tool>>, Vec<GroupStatus>)) -> Self {
+        let mut out = self;
+        let script_groups = out.group_names();
+        for mut g in groups {
+            if script_groups.contains(&g.name) {
+                g.error = Some(LoadError {
+                    folder: g.folder.clone(),
+                    file: format!("upstreams/{}", g.name),
+                    reason: format!(
+                        "group name `{}` is already served by a script folder",
+                        g.name
+                    ),
+                });
+                g.tools = 0;
+            }
+            out.groups.insert(g.folder.clone(), g);
+        }
+        for t in tools {
+            if script_groups.contains(&t.group) || out.tools.contains_key(t.name.as_str()) {
+                continue;
+            }
+            out.tools.insert(t.name.as_str().to_owned(), t);
+        }
+        out
     }
 
     pub fn load_errors(&self) -> Vec<LoadError> {

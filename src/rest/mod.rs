@@ -259,7 +259,41 @@ async fn call_operation(
             StatusCode::BAD_REQUEST,
             json!({"error": "invalid arguments", "violations": violations}),
         ),
-        Ok(done) => outcome_response(done.outcome),
+        Ok(done) => match done.outcome {
+            crate::calls::Outcome::Script(o) => outcome_response(o),
+            crate::calls::Outcome::Upstream(r) => upstream_response(r),
+        },
+    }
+}
+
+/// An upstream tool over REST: its structured result, or its content blocks; its failures
+/// with the statuses a script's would get.
+fn upstream_response(
+    r: Result<rmcp::model::CallToolResult, crate::upstream::UpstreamError>,
+) -> Response {
+    use crate::upstream::UpstreamError;
+    match r {
+        Ok(r) if r.is_error == Some(true) => problem(
+            StatusCode::BAD_GATEWAY,
+            json!({"error": "the tool failed", "content": r.content, "exit_code": null, "stderr": ""}),
+        ),
+        Ok(r) => match r.structured_content {
+            Some(v) => (StatusCode::OK, Json(v)).into_response(),
+            None => (StatusCode::OK, Json(json!({"content": r.content}))).into_response(),
+        },
+        Err(e @ UpstreamError::Timeout(..)) => {
+            problem(StatusCode::GATEWAY_TIMEOUT, json!({"error": e.to_string()}))
+        }
+        Err(e @ (UpstreamError::Down(_) | UpstreamError::CircuitOpen(_))) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "5")],
+            Json(json!({"error": e.to_string()})),
+        )
+            .into_response(),
+        Err(e) => problem(
+            StatusCode::BAD_GATEWAY,
+            json!({"error": e.to_string(), "exit_code": null, "stderr": ""}),
+        ),
     }
 }
 

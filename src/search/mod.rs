@@ -293,6 +293,8 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
             validator: Arc::new(validator),
             ui: None,
             audit: Arc::default(),
+            annotations: def.annotations.clone(),
+            meta: def.meta.clone(),
         }));
     }
     Ok(Catalog::new(tools, Vec::new()))

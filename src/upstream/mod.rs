@@ -15,17 +15,40 @@ use rmcp::{RoleClient, ServiceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::pool::{Execution, GroupStatus, HttpBinding, LoadError, SEPARATOR, Tool, ToolName, ToolSource};
+use crate::pool::{
+    Execution, GroupStatus, HttpBinding, LoadError, SEPARATOR, Tool, ToolName, ToolSource,
+};
 
 /// How an upstream is declared (`policies/upstreams/<group>.yaml`, or the admin API).
+///
+/// Flat on purpose, with unknown fields refused: a misspelt key in a YAML file is an error,
+/// not a setting silently ignored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamSpec {
-    #[serde(flatten)]
-    pub transport: Transport,
+    /// `stdio` (a command the gateway spawns) or `http` (Streamable HTTP).
+    pub transport: TransportKind,
+    /// stdio: the command and its arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// stdio: the child's environment; nothing else of the gateway's environment is passed
+    /// but PATH, HOME, LANG and TZ.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// http: the MCP endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// http: static headers sent with every request (the upstream's own credentials).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// http: OAuth client credentials at the upstream's own authorization server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth: Option<OAuthSpec>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub description: String,
-    /// Per-call timeout.
+    /// Per-call timeout (also bounds the connection handshake).
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
     /// Calls in flight at once to this upstream.
@@ -36,6 +59,45 @@ pub struct UpstreamSpec {
     pub refresh_secs: u64,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    Stdio,
+    Http,
+}
+
+impl UpstreamSpec {
+    /// Checks that the fields fit the transport.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.transport {
+            TransportKind::Stdio => {
+                if self.command.as_deref().is_none_or(str::is_empty) {
+                    return Err("a stdio upstream needs `command`".into());
+                }
+                if self.url.is_some() || !self.headers.is_empty() || self.oauth.is_some() {
+                    return Err("`url`, `headers` and `oauth` are for http upstreams".into());
+                }
+            }
+            TransportKind::Http => {
+                let url = self.url.as_deref().ok_or("an http upstream needs `url`")?;
+                let parsed = url::Url::parse(url).map_err(|e| format!("`url` is invalid: {e}"))?;
+                if !matches!(parsed.scheme(), "http" | "https") {
+                    return Err("`url` must be http or https".into());
+                }
+                if self.command.is_some() || !self.args.is_empty() || !self.env.is_empty() {
+                    return Err("`command`, `args` and `env` are for stdio upstreams".into());
+                }
+            }
+        }
+        if self.timeout_ms == 0 || self.max_concurrency == 0 || self.refresh_secs == 0 {
+            return Err(
+                "`timeout_ms`, `max_concurrency` and `refresh_secs` must be at least 1".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
 fn default_timeout_ms() -> u64 {
     30_000
 }
@@ -44,29 +106,6 @@ fn default_concurrency() -> usize {
 }
 fn default_refresh() -> u64 {
     60
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "transport", rename_all = "lowercase", deny_unknown_fields)]
-pub enum Transport {
-    Stdio {
-        command: String,
-        #[serde(default)]
-        args: Vec<String>,
-        /// Environment of the child; nothing else of the gateway's environment is passed
-        /// but PATH, HOME, LANG and TZ.
-        #[serde(default)]
-        env: BTreeMap<String, String>,
-    },
-    Http {
-        url: String,
-        /// Static headers sent with every request (e.g. an API key of the upstream's own).
-        #[serde(default)]
-        headers: BTreeMap<String, String>,
-        /// OAuth client credentials at the upstream's own authorization server.
-        #[serde(default)]
-        oauth: Option<OAuthSpec>,
-    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,10 +151,13 @@ struct Status {
     open_until: Option<Instant>,
 }
 
+/// A supervised upstream: its shared state and its supervisor task.
+type Running = (Arc<Shared>, tokio::task::AbortHandle);
+
 /// Every upstream this instance runs.
 #[derive(Clone, Default)]
 pub struct Upstreams {
-    inner: Arc<Mutex<HashMap<String, (Arc<Shared>, tokio::task::AbortHandle)>>>,
+    inner: Arc<Mutex<HashMap<String, Running>>>,
 }
 
 /// Why a proxied call failed before the upstream answered.
@@ -134,12 +176,19 @@ pub enum UpstreamError {
 impl Upstreams {
     /// Starts, restarts or stops supervisors so that exactly `specs` run; `on_change` is called
     /// whenever an upstream's tool list changes (to rebuild the catalog).
-    pub fn reconcile(&self, specs: &BTreeMap<String, UpstreamSpec>, on_change: Arc<dyn Fn() + Send + Sync>) {
+    pub fn reconcile(
+        &self,
+        specs: &BTreeMap<String, UpstreamSpec>,
+        on_change: Arc<dyn Fn() + Send + Sync>,
+    ) {
         let mut running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut changed = false;
         running.retain(|name, (shared, task)| {
             let keep = specs.get(name) == Some(&shared.spec);
             if !keep {
+                // Dropping the last handle of the connection kills a stdio child.
                 task.abort();
+                changed = true;
             }
             keep
         });
@@ -152,14 +201,20 @@ impl Upstreams {
                 spec: spec.clone(),
                 client: tokio::sync::RwLock::new(None),
                 tools: Mutex::new(Vec::new()),
-                status: Mutex::new(Status { state: "connecting", ..Status::default() }),
+                status: Mutex::new(Status {
+                    state: "connecting",
+                    ..Status::default()
+                }),
                 slots: tokio::sync::Semaphore::new(spec.max_concurrency.max(1)),
             });
             let task = tokio::spawn(supervise(shared.clone(), on_change.clone()));
             running.insert(name.clone(), (shared, task.abort_handle()));
+            changed = true;
         }
         drop(running);
-        on_change();
+        if changed {
+            on_change();
+        }
     }
 
     /// The pool's view of the upstreams: their tools, and a status per group.
@@ -171,7 +226,11 @@ impl Upstreams {
         names.sort();
         for name in names {
             let shared = &running[name].0;
-            let listed = shared.tools.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let listed = shared
+                .tools
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
             let status = shared.status.lock().unwrap_or_else(|p| p.into_inner());
             let mut problems = Vec::new();
             let mut count = 0;
@@ -184,13 +243,23 @@ impl Upstreams {
                     Err(e) => problems.push(e),
                 }
             }
-            let error = status.last_error.clone().map(|e| format!("{}: {e}", status.state)).into_iter().chain(problems).next();
+            let error = status
+                .last_error
+                .clone()
+                .map(|e| format!("{}: {e}", status.state))
+                .into_iter()
+                .chain(problems)
+                .next();
             groups.push(GroupStatus {
                 name: name.clone(),
                 folder: format!("upstream:{name}"),
                 source: "upstream",
                 tools: count,
-                error: error.map(|reason| LoadError { folder: format!("upstream:{name}"), file: format!("upstreams/{name}"), reason }),
+                error: error.map(|reason| LoadError {
+                    folder: format!("upstream:{name}"),
+                    file: format!("upstreams/{name}"),
+                    reason,
+                }),
             });
         }
         (tools, groups)
@@ -202,7 +271,10 @@ impl Upstreams {
             .iter()
             .map(|(name, (s, _))| {
                 let st = s.status.lock().unwrap_or_else(|p| p.into_inner());
-                let open = st.open_until.and_then(|u| u.checked_duration_since(Instant::now())).map(|d| d.as_millis() as u64);
+                let open = st
+                    .open_until
+                    .and_then(|u| u.checked_duration_since(Instant::now()))
+                    .map(|d| d.as_millis() as u64);
                 (
                     name.clone(),
                     Health {
@@ -218,10 +290,18 @@ impl Upstreams {
     }
 
     /// Forwards a call with the tool's original name and the upstream's own credentials.
-    pub async fn call(&self, group: &str, tool: &str, args: Map<String, Value>) -> Result<CallToolResult, UpstreamError> {
+    pub async fn call(
+        &self,
+        group: &str,
+        tool: &str,
+        args: Map<String, Value>,
+    ) -> Result<CallToolResult, UpstreamError> {
         let shared = {
             let running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            running.get(group).map(|(s, _)| s.clone()).ok_or_else(|| UpstreamError::Down(group.to_owned()))?
+            running
+                .get(group)
+                .map(|(s, _)| s.clone())
+                .ok_or_else(|| UpstreamError::Down(group.to_owned()))?
         };
         {
             let st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
@@ -231,16 +311,28 @@ impl Upstreams {
         }
         let timeout = Duration::from_millis(shared.spec.timeout_ms);
         let work = async {
-            let _slot = shared.slots.acquire().await.map_err(|_| UpstreamError::Down(group.to_owned()))?;
+            let _slot = shared
+                .slots
+                .acquire()
+                .await
+                .map_err(|_| UpstreamError::Down(group.to_owned()))?;
             let client = shared.client.read().await;
-            let client = client.as_ref().ok_or_else(|| UpstreamError::Down(group.to_owned()))?;
+            let client = client
+                .as_ref()
+                .ok_or_else(|| UpstreamError::Down(group.to_owned()))?;
             let mut params = CallToolRequestParams::new(tool.to_owned());
             params.arguments = Some(args);
-            client.call_tool(params).await.map_err(|e| UpstreamError::Failed(group.to_owned(), e.to_string()))
+            client
+                .call_tool(params)
+                .await
+                .map_err(|e| UpstreamError::Failed(group.to_owned(), e.to_string()))
         };
         let result = match tokio::time::timeout(timeout, work).await {
             Ok(r) => r,
-            Err(_) => Err(UpstreamError::Timeout(group.to_owned(), shared.spec.timeout_ms)),
+            Err(_) => Err(UpstreamError::Timeout(
+                group.to_owned(),
+                shared.spec.timeout_ms,
+            )),
         };
         let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
         match &result {
@@ -262,7 +354,8 @@ impl Upstreams {
 
 /// Converts an upstream tool into a pool tool named `<group>__<tool>`.
 fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
-    let name = ToolName::parse(&format!("{group}{SEPARATOR}{}", t.name)).map_err(|e| format!("tool `{}` skipped: {e}", t.name))?;
+    let name = ToolName::parse(&format!("{group}{SEPARATOR}{}", t.name))
+        .map_err(|e| format!("tool `{}` skipped: {e}", t.name))?;
     let schema = Value::Object((*t.input_schema).clone());
     // Upstream schemas are hostile input too: no network `$ref`s are resolved.
     let validator = jsonschema::options()
@@ -284,7 +377,9 @@ fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
         description: t.description.as_ref().map(|d| d.to_string()),
         input_schema: t.input_schema.clone(),
         content_hash: hex::encode(sha2::Digest::finalize(hasher)),
-        source: ToolSource::Upstream { upstream: group.to_owned() },
+        source: ToolSource::Upstream {
+            upstream: group.to_owned(),
+        },
         http: Some(HttpBinding {
             method: http::Method::POST,
             path: format!("/{}", t.name),
@@ -298,7 +393,10 @@ fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
                 "responses": {"200": {"description": "The tool's result"}},
             }),
         }),
-        exec: Execution::Upstream { upstream: group.to_owned(), tool: t.name.to_string() },
+        exec: Execution::Upstream {
+            upstream: group.to_owned(),
+            tool: t.name.to_string(),
+        },
         validator: Arc::new(validator),
         ui: None,
         audit: Arc::new(crate::audit::AuditPolicy::default()),
@@ -308,37 +406,47 @@ fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
 }
 
 async fn connect(spec: &UpstreamSpec) -> Result<RunningService<RoleClient, ()>, String> {
-    match &spec.transport {
-        Transport::Stdio { command, args, env } => {
+    spec.validate()?;
+    match spec.transport {
+        TransportKind::Stdio => {
+            let command = spec.command.as_deref().unwrap_or_default();
             let mut cmd = tokio::process::Command::new(command);
-            cmd.args(args).env_clear().kill_on_drop(true);
+            cmd.args(&spec.args).env_clear().kill_on_drop(true);
             for name in ["PATH", "HOME", "LANG", "TZ"] {
                 if let Ok(v) = std::env::var(name) {
                     cmd.env(name, v);
                 }
             }
-            cmd.envs(env);
+            cmd.envs(&spec.env);
             let (transport, _stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .map_err(|e| format!("cannot start `{command}`: {e}"))?;
-            ().serve(transport).await.map_err(|e| format!("handshake failed: {e}"))
+            ().serve(transport)
+                .await
+                .map_err(|e| format!("handshake failed: {e}"))
         }
-        Transport::Http { url, headers, oauth } => {
+        TransportKind::Http => {
             use rmcp::transport::StreamableHttpClientTransport;
             use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+            let url = spec.url.as_deref().unwrap_or_default();
             let mut custom = HashMap::new();
-            for (k, v) in headers {
-                let name = http::HeaderName::try_from(k.as_str()).map_err(|e| format!("header `{k}`: {e}"))?;
-                let value = http::HeaderValue::try_from(v.as_str()).map_err(|e| format!("header `{k}`: {e}"))?;
+            for (k, v) in &spec.headers {
+                let name = http::HeaderName::try_from(k.as_str())
+                    .map_err(|e| format!("header `{k}`: {e}"))?;
+                let value = http::HeaderValue::try_from(v.as_str())
+                    .map_err(|e| format!("header `{k}`: {e}"))?;
                 custom.insert(name, value);
             }
-            let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom);
+            let mut config =
+                StreamableHttpClientTransportConfig::with_uri(url).custom_headers(custom);
             config.allow_stateless = true;
-            if let Some(o) = oauth {
+            if let Some(o) = &spec.oauth {
                 config = config.auth_header(upstream_token(o).await?);
             }
-            ().serve(StreamableHttpClientTransport::from_config(config)).await.map_err(|e| format!("cannot reach {url}: {e}"))
+            ().serve(StreamableHttpClientTransport::from_config(config))
+                .await
+                .map_err(|e| format!("cannot reach {url}: {e}"))
         }
     }
 }
@@ -346,7 +454,8 @@ async fn connect(spec: &UpstreamSpec) -> Result<RunningService<RoleClient, ()>, 
 /// Client credentials at the upstream's own authorization server.
 async fn upstream_token(o: &OAuthSpec) -> Result<String, String> {
     use oauth2::{ClientId, ClientSecret, Scope, TokenResponse, TokenUrl};
-    let secret = std::env::var(&o.client_secret_env).map_err(|_| format!("environment variable `{}` is not set", o.client_secret_env))?;
+    let secret = std::env::var(&o.client_secret_env)
+        .map_err(|_| format!("environment variable `{}` is not set", o.client_secret_env))?;
     let client = oauth2::basic::BasicClient::new(ClientId::new(o.client_id.clone()))
         .set_client_secret(ClientSecret::new(secret))
         .set_token_uri(TokenUrl::new(o.token_url.clone()).map_err(|e| e.to_string())?);
@@ -358,7 +467,10 @@ async fn upstream_token(o: &OAuthSpec) -> Result<String, String> {
     if let Some(s) = &o.scope {
         request = request.add_scope(Scope::new(s.clone()));
     }
-    let token = request.request_async(&http).await.map_err(|e| format!("upstream token request failed: {e}"))?;
+    let token = request
+        .request_async(&http)
+        .await
+        .map_err(|e| format!("upstream token request failed: {e}"))?;
     Ok(token.access_token().secret().clone())
 }
 
@@ -375,7 +487,13 @@ async fn supervise(shared: Arc<Shared>, on_change: Arc<dyn Fn() + Send + Sync>) 
     let mut backoff = Duration::from_millis(500);
     loop {
         set_status(&shared, "connecting", None);
-        match connect(&shared.spec).await {
+        // A server that never finishes its handshake must not wedge the supervisor.
+        let handshake = Duration::from_millis(shared.spec.timeout_ms.clamp(1000, 30_000));
+        let connected = match tokio::time::timeout(handshake, connect(&shared.spec)).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("no handshake within {} ms", handshake.as_millis())),
+        };
+        match connected {
             Ok(client) => {
                 backoff = Duration::from_millis(500);
                 *shared.client.write().await = Some(client);
@@ -385,14 +503,17 @@ async fn supervise(shared: Arc<Shared>, on_change: Arc<dyn Fn() + Send + Sync>) 
                     let listed = {
                         let guard = shared.client.read().await;
                         match guard.as_ref() {
-                            Some(c) if !c.is_closed() => c.list_all_tools().await.map_err(|e| e.to_string()),
+                            Some(c) if !c.is_closed() => {
+                                c.list_all_tools().await.map_err(|e| e.to_string())
+                            }
                             _ => Err("connection closed".to_owned()),
                         }
                     };
                     match listed {
                         Ok(tools) => {
                             let changed = {
-                                let mut current = shared.tools.lock().unwrap_or_else(|p| p.into_inner());
+                                let mut current =
+                                    shared.tools.lock().unwrap_or_else(|p| p.into_inner());
                                 let changed = *current != tools;
                                 *current = tools;
                                 changed
@@ -408,10 +529,17 @@ async fn supervise(shared: Arc<Shared>, on_change: Arc<dyn Fn() + Send + Sync>) 
                         }
                     }
                     // Re-list periodically; a closed connection is noticed within a second.
-                    let deadline = Instant::now() + Duration::from_secs(shared.spec.refresh_secs.max(1));
+                    let deadline =
+                        Instant::now() + Duration::from_secs(shared.spec.refresh_secs.max(1));
                     while Instant::now() < deadline {
                         tokio::time::sleep(Duration::from_millis(500)).await;
-                        if shared.client.read().await.as_ref().is_none_or(|c| c.is_closed()) {
+                        if shared
+                            .client
+                            .read()
+                            .await
+                            .as_ref()
+                            .is_none_or(|c| c.is_closed())
+                        {
                             break;
                         }
                     }

@@ -378,7 +378,7 @@ async fn retention_drops_old_partitions_and_says_so(pool: PgPool) {
 
     let dropped = toolgate::audit::apply_retention(&app.state).await.unwrap();
 
-    assert_eq!(dropped, [name.clone()]);
+    assert_eq!(dropped, std::slice::from_ref(&name));
     let note: String =
         sqlx::query_scalar("SELECT details FROM audit_events WHERE event_type = 'audit.retention'")
             .fetch_one(&pool)

@@ -267,11 +267,7 @@ impl TestApp {
 
 impl TestApp {
     /// A GET whose future owns its arguments, for running many at once.
-    pub fn get_owned(
-        &self,
-        uri: String,
-        token: String,
-    ) -> impl std::future::Future<Output = StatusCode> + '_ {
-        async move { self.get(&uri, Some(&token)).await.status }
+    pub async fn get_owned(&self, uri: String, token: String) -> StatusCode {
+        self.get(&uri, Some(&token)).await.status
     }
 }

@@ -10,4 +10,5 @@ mod rest;
 mod scripts;
 mod search;
 mod tokens;
+mod upstream;
 mod web;

@@ -1,0 +1,284 @@
+//! Upstream MCP servers behind the gateway, with a real server nobody here wrote:
+//! `@modelcontextprotocol/server-everything` from the npm registry.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::StatusCode;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::helpers::{TestApp, repo_path};
+
+const EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
+
+/// Installs the reference server once per checkout (under `target/`), from the npm registry.
+fn everything_entry() -> PathBuf {
+    let dir = repo_path("target/test-deps");
+    let entry = dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    if !entry.is_file() {
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = std::process::Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&dir)
+            .arg(EVERYTHING)
+            .output()
+            .expect("npm is needed to fetch the reference MCP server");
+        assert!(
+            out.status.success(),
+            "npm install failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    entry
+}
+
+async fn wait_for_tools(app: &TestApp, token: &str, group: &str) -> Vec<String> {
+    for _ in 0..150 {
+        let names: Vec<String> = app
+            .tool_names(token)
+            .await
+            .into_iter()
+            .filter(|n| n.starts_with(&format!("{group}__")))
+            .collect();
+        if !names.is_empty() {
+            return names;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the tools of upstream `{group}` never appeared");
+}
+
+fn text(r: &Value) -> String {
+    r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn put_upstream(app: &TestApp, name: &str, spec: Value) {
+    let r = app
+        .admin("PUT", &format!("/api/v1/upstreams/{name}"), Some(spec))
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_stdio_upstream_is_served_under_grants_and_audit(pool: PgPool) {
+    let entry = everything_entry();
+    let app = TestApp::new(pool.clone()).await;
+    put_upstream(&app, "everything", json!({"transport": "stdio", "command": "node", "args": [entry, "stdio"], "refresh_secs": 2})).await;
+    let granted = app.agent("explorer", &["everything"]).await;
+    let other = app.token_for("assistant").await;
+
+    let names = wait_for_tools(&app, &granted, "everything").await;
+    assert!(names.contains(&"everything__echo".to_owned()), "{names:?}");
+    assert!(
+        names.contains(&"everything__get-sum".to_owned()),
+        "{names:?}"
+    );
+    assert_eq!(
+        app.tool_names(&other).await,
+        ["search__get", "search__query"],
+        "an ungranted agent sees upstream tools"
+    );
+
+    let echo = app
+        .call(
+            &granted,
+            "everything__echo",
+            json!({"message": "through the gateway"}),
+        )
+        .await;
+    assert_ne!(echo.body["result"]["isError"], true, "{}", echo.text);
+    assert!(
+        text(&echo.body).contains("through the gateway"),
+        "{}",
+        echo.text
+    );
+    let sum = app
+        .post_json(
+            "/tools/everything/get-sum",
+            Some(&granted),
+            json!({"a": 2, "b": 3}),
+        )
+        .await;
+    assert_eq!(sum.status, StatusCode::OK, "{}", sum.text);
+    let failing = app
+        .call(
+            &granted,
+            "everything__get-resource-reference",
+            json!({"resourceId": 1.5}),
+        )
+        .await;
+    assert_eq!(failing.body["result"]["isError"], true, "{}", failing.text);
+    assert!(
+        text(&failing.body).contains("Invalid resourceId"),
+        "{}",
+        failing.text
+    );
+    let hidden = app
+        .call(&other, "everything__echo", json!({"message": "x"}))
+        .await;
+    assert_eq!(hidden.body["error"]["code"], -32602);
+
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE event_type = 'tool.result' AND tool LIKE 'everything__%'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(audited, 3);
+    let health = app.admin("GET", "/api/v1/upstreams", None).await;
+    assert_eq!(
+        health.body["upstreams"][0]["health"]["state"], "up",
+        "{}",
+        health.text
+    );
+
+    // One child process per upstream, and it goes when the upstream is removed.
+    let children = || {
+        std::process::Command::new("pgrep")
+            .args(["-f", &format!("{} stdio", entry.display())])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+            .unwrap_or(0)
+    };
+    assert_eq!(children(), 1);
+    assert_eq!(
+        app.admin("DELETE", "/api/v1/upstreams/everything", None)
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    for _ in 0..50 {
+        if children() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(children(), 0, "the stdio child outlived its upstream");
+    assert!(app.tool_names(&granted).await.is_empty());
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_http(entry: &std::path::Path, port: u16) -> std::process::Child {
+    std::process::Command::new("node")
+        .arg(entry)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+async fn wait_port(port: u16) {
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("nothing listens on {port}");
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn an_http_upstream_fails_clearly_when_it_dies_and_recovers_when_it_returns(pool: PgPool) {
+    let entry = everything_entry();
+    let port = free_port();
+    let mut server = start_http(&entry, port);
+    wait_port(port).await;
+    let app = TestApp::new(pool).await;
+    put_upstream(
+        &app,
+        "remote",
+        json!({"transport": "http", "url": format!("http://127.0.0.1:{port}/mcp"), "timeout_ms": 3000, "refresh_secs": 1}),
+    )
+    .await;
+    let token = app.agent("explorer", &["remote", "weather"]).await;
+    wait_for_tools(&app, &token, "remote").await;
+    let ok = app
+        .call(&token, "remote__echo", json!({"message": "hello"}))
+        .await;
+    assert!(text(&ok.body).contains("hello"), "{}", ok.text);
+
+    server.kill().unwrap();
+    let _ = server.wait();
+    let dead = app
+        .call(&token, "remote__echo", json!({"message": "anyone?"}))
+        .await;
+    assert_eq!(dead.body["result"]["isError"], true, "{}", dead.text);
+    assert!(
+        text(&dead.body).contains("upstream `remote`"),
+        "{}",
+        dead.text
+    );
+    let others = app
+        .call(&token, "weather__current", json!({"city": "Paris"}))
+        .await;
+    assert_eq!(
+        others.body["result"]["isError"], false,
+        "other groups must keep working: {}",
+        others.text
+    );
+
+    let mut server = start_http(&entry, port);
+    wait_port(port).await;
+    let mut back = None;
+    for _ in 0..60 {
+        let r = app
+            .call(&token, "remote__echo", json!({"message": "again"}))
+            .await;
+        if text(&r.body).contains("again") {
+            back = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    server.kill().unwrap();
+    let _ = server.wait();
+    assert!(
+        back.is_some(),
+        "the gateway did not recover when the upstream came back"
+    );
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn hanging_and_garbage_upstreams_are_reported_and_nothing_else_breaks(pool: PgPool) {
+    let app = TestApp::new(pool).await;
+    put_upstream(&app, "hangs", json!({"transport": "stdio", "command": "sh", "args": ["-c", "sleep 600"], "timeout_ms": 1000})).await;
+    put_upstream(&app, "garbage", json!({"transport": "stdio", "command": "sh", "args": ["-c", "while true; do echo 'not json-rpc'; sleep 0.1; done"], "timeout_ms": 1000})).await;
+    let token = app.token_for("meteo").await;
+
+    let mut states = Value::Null;
+    for _ in 0..60 {
+        states = app.admin("GET", "/api/v1/upstreams", None).await.body;
+        let down = states["upstreams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|u| u["health"]["last_error"].is_string())
+            .count();
+        if down == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for u in states["upstreams"].as_array().unwrap() {
+        assert!(u["health"]["last_error"].is_string(), "{states}");
+        assert_ne!(u["health"]["state"], "up", "{states}");
+    }
+    let weather = app
+        .call(&token, "weather__current", json!({"city": "Paris"}))
+        .await;
+    assert_eq!(weather.body["result"]["isError"], false, "{}", weather.text);
+}
