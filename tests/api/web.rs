@@ -901,3 +901,47 @@ async fn static_assets_are_served_with_their_types(pool: PgPool) {
     );
     assert!(!js.text.contains("innerHTML"));
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn broken_tool_groups_are_shown_on_the_dashboard_and_in_the_catalog(pool: PgPool) {
+    let tools = tempfile::tempdir().unwrap();
+    write_group(
+        tools.path(),
+        "fine",
+        &single_op("run", json!({"type": "object"}), json!({})),
+        &[("run.sh", "#!/bin/sh\necho '{}'\n")],
+    );
+    std::fs::create_dir_all(tools.path().join("broken")).unwrap();
+    std::fs::write(tools.path().join("broken/openapi.json"), "{ not json").unwrap();
+    let app = TestApp::with(pool, tools.path(), None, &[]).await;
+    let mut b = Browser::signed_in(&app, "vic", "viewer").await;
+
+    let dash = b.get("/admin").await.text;
+    let catalog = b.get("/admin/tools").await.text;
+
+    for page in [&dash, &catalog] {
+        assert!(
+            page.contains("<span class=\"problem-tag\">Load error</span>"),
+            "{page}"
+        );
+        assert!(page.contains("<code>tools/broken</code>"), "{page}");
+    }
+    assert!(catalog.contains("<span class=\"badge badge-bad\">load error</span>"));
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_database_failure_shows_an_opaque_page_with_the_request_id(pool: PgPool) {
+    let app = TestApp::new(pool).await;
+    let mut b = Browser::signed_in(&app, "ada", "admin").await;
+    app.state.db.close().await;
+
+    let r = b.get("/admin/agents/assistant").await;
+
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    let id = r.headers["x-request-id"].to_str().unwrap();
+    assert!(r.text.contains(&format!("<code>{id}</code>")), "{}", r.text);
+    assert!(r.text.contains("The database is unavailable right now"));
+    for leak in ["sqlx", "pool", "closed", "PoolClosed", "panicked"] {
+        assert!(!r.text.contains(leak), "{leak} in {}", r.text);
+    }
+}

@@ -230,6 +230,33 @@ test("an admin fixes a typo grant in the browser and exports the audit log", { t
     assert.ok(csv.trim().split("\n").slice(1).every((l) => l.includes("admin.change")));
   });
 
+  await t.test("the other pages render", async () => {
+    await page.locator('table.data tbody tr a[href^="/admin/audit/"]').first().click();
+    assert.match(await page.locator("h1").textContent(), /^Audit event \d+$/);
+    await shot("08-audit-event.png");
+    for (const [url, name, heading] of [
+      ["/admin/agents", "09-agents.png", "Agents"],
+      ["/admin/grants", "10-grants.png", "Grants"],
+      ["/admin/agents/meteo/limits", "11-rate-limits.png", "Rate limits of meteo"],
+    ]) {
+      await page.goto(`${base}${url}`);
+      assert.equal((await page.locator("h1").textContent()).trim(), heading);
+      await shot(name);
+    }
+    await page.goto(`${base}/admin/agents/meteo`);
+    await page.getByLabel("New client: description").fill("browser test");
+    await page.getByRole("button", { name: "Create client" }).click();
+    assert.match(await page.locator("#client-secret").textContent(), /^tgs_/);
+    await shot("12-client-secret.png", false);
+    const known = problems.length;
+    const missing = await page.goto(`${base}/admin/no-such-page`);
+    // Chromium logs the deliberate 404 itself; nothing else may appear.
+    assert.ok(problems.splice(known).every((p) => p.includes("status of 404")), problems.join("\n"));
+    assert.equal(missing.status(), 404);
+    assert.match(await page.locator("main").textContent(), new RegExp(missing.headers()["x-request-id"]));
+    await shot("13-not-found.png", false);
+  });
+
   await t.test("no page had a script error or a CSP violation", () => {
     assert.deepEqual(problems, []);
   });
