@@ -17,7 +17,7 @@ use super::view::{
     ConfirmPage, Ctx, Flash, Nav, PageCtx, render, render_status, summary_line, thousands, when,
 };
 use crate::app::AppState;
-use crate::cost::{ListCost, tools_list_tokens};
+use crate::search::{AgentTokens, agent_tokens};
 use crate::service::{self, ServiceError};
 
 pub struct AgentListRow {
@@ -146,10 +146,16 @@ pub struct CostView {
     /// The agent's share of the pool's tokens, in percent.
     pub share: String,
     pub saved: String,
+    /// `full` or `search`: how its `tools/list` is served now.
+    pub effective_discovery: &'static str,
+    /// What that `tools/list` costs as served.
+    pub listed_tokens: String,
+    pub budget: String,
 }
 
-impl From<ListCost> for CostView {
-    fn from(c: ListCost) -> Self {
+impl From<AgentTokens> for CostView {
+    fn from(t: AgentTokens) -> Self {
+        let c = t.list;
         let share = if c.pool_tokens == 0 {
             "0%".to_owned()
         } else {
@@ -165,6 +171,9 @@ impl From<ListCost> for CostView {
             pool_tokens: thousands(c.pool_tokens),
             share,
             saved: thousands(c.pool_tokens.saturating_sub(c.visible_tokens)),
+            effective_discovery: t.effective_discovery.as_str(),
+            listed_tokens: thousands(t.listed_tokens),
+            budget: thousands(t.token_budget),
         }
     }
 }
@@ -214,12 +223,7 @@ pub async fn show(
             }
         })
         .collect();
-    let cost = ListCost {
-        visible_tools: agent.visible.len(),
-        visible_tokens: tools_list_tokens(agent.visible.iter()),
-        pool_tools: snapshot.catalog.len(),
-        pool_tokens: tools_list_tokens(snapshot.catalog.tools()),
-    };
+    let cost = agent_tokens(&snapshot, agent, state.settings.search_token_budget);
     let clients = crate::db::policy::clients(&state.db, Some(&name))
         .await?
         .into_iter()

@@ -859,7 +859,7 @@ async fn agents_are_created_and_deleted_from_the_ui(pool: PgPool) {
             &[
                 ("name", "scribe"),
                 ("description", "Writes"),
-                ("discovery", "full"),
+                ("discovery", "search"),
             ],
         )
         .await;
@@ -875,6 +875,7 @@ async fn agents_are_created_and_deleted_from_the_ui(pool: PgPool) {
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(ok.status, StatusCode::SEE_OTHER);
     assert!(page.contains("It sees no tools until you add a grant."));
+    assert!(page.contains("served as <strong>search</strong>"), "{page}");
     assert_eq!(deleted.status, StatusCode::SEE_OTHER);
     assert!(app.state.policy.load().agent("scribe").is_none());
 }
