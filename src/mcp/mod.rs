@@ -23,6 +23,8 @@ use crate::calls::{self, CallRefused, Surface};
 use crate::policy::snapshot::{Discovery, PolicySnapshot, Principal};
 use crate::search;
 
+pub mod apps;
+
 /// Largest JSON-RPC request body accepted on `/mcp`.
 const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 
@@ -239,11 +241,49 @@ impl ServerHandler for Gateway {
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _ctx: RequestContext<RoleServer>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        Ok(ListResourcesResult::with_all_items(Vec::new())
+        let principal = principal(&ctx)?;
+        let resources = apps::resources(&self.state.policy.load(), &principal);
+        Ok(ListResourcesResult::with_all_items(resources)
             .with_ttl_ms(0)
             .with_cache_scope(CacheScope::Private))
+    }
+
+    async fn read_resource(
+        &self,
+        request: rmcp::model::ReadResourceRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResponse, McpError> {
+        let principal = principal(&ctx)?;
+        let result = apps::read(&self.state, &principal, &request.uri).await?;
+        Ok(result
+            .with_ttl_ms(0)
+            .with_cache_scope(CacheScope::Private)
+            .into())
+    }
+
+    async fn initialize(
+        &self,
+        request: rmcp::model::InitializeRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::InitializeResult, McpError> {
+        ctx.peer.set_peer_info(request.clone());
+        let mut info = self.negotiate_initialize(&request)?;
+        self.advertise_apps(&mut info, &ctx);
+        Ok(info)
+    }
+
+    async fn discover(
+        &self,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::DiscoverResult, McpError> {
+        let mut info = self.get_info();
+        self.advertise_apps(&mut info, &ctx);
+        Ok(rmcp::model::DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            info,
+        ))
     }
 
     async fn list_resource_templates(
@@ -258,6 +298,21 @@ impl ServerHandler for Gateway {
 }
 
 impl Gateway {
+    /// Advertises the MCP Apps extension to a caller that can see a tool with a UI.
+    fn advertise_apps(&self, info: &mut ServerConfig, ctx: &RequestContext<RoleServer>) {
+        let Ok(principal) = principal(ctx) else {
+            return;
+        };
+        if apps::visible_ui(&self.state.policy.load(), &principal).is_empty() {
+            return;
+        }
+        let mut ui = serde_json::Map::new();
+        ui.insert("mimeTypes".into(), json!([apps::UI_MIME]));
+        info.capabilities
+            .extensions
+            .get_or_insert_with(Default::default)
+            .insert(apps::UI_EXTENSION.to_owned(), ui);
+    }
     /// Takes one request from the agent's own limits (not a tool's); refused requests are
     /// audited as `event_type`.
     async fn check_agent_limit(
@@ -382,4 +437,3 @@ fn page<'a, T>(
 fn tool_error(text: String) -> CallToolResponse {
     CallToolResult::error(vec![ContentBlock::text(text)]).into()
 }
-

@@ -265,6 +265,47 @@ impl Upstreams {
         (tools, groups)
     }
 
+    /// Reads a resource from an upstream, under our URI (rewritten back for the upstream).
+    pub async fn read_resource(
+        &self,
+        group: &str,
+        upstream_uri: &str,
+        our_uri: &str,
+    ) -> Result<rmcp::model::ReadResourceResult, UpstreamError> {
+        let shared = {
+            let running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            running
+                .get(group)
+                .map(|(s, _)| s.clone())
+                .ok_or_else(|| UpstreamError::Down(group.to_owned()))?
+        };
+        let timeout = Duration::from_millis(shared.spec.timeout_ms);
+        let work = async {
+            let client = shared.client.read().await;
+            let client = client
+                .as_ref()
+                .ok_or_else(|| UpstreamError::Down(group.to_owned()))?;
+            client
+                .read_resource(rmcp::model::ReadResourceRequestParams::new(
+                    upstream_uri.to_owned(),
+                ))
+                .await
+                .map_err(|e| UpstreamError::Failed(group.to_owned(), e.to_string()))
+        };
+        let mut result = tokio::time::timeout(timeout, work)
+            .await
+            .map_err(|_| UpstreamError::Timeout(group.to_owned(), shared.spec.timeout_ms))??;
+        for c in &mut result.contents {
+            if let rmcp::model::ResourceContents::TextResourceContents { uri, .. }
+            | rmcp::model::ResourceContents::BlobResourceContents { uri, .. } = c
+                && uri == upstream_uri
+            {
+                *uri = our_uri.to_owned();
+            }
+        }
+        Ok(result)
+    }
+
     pub fn health(&self) -> BTreeMap<String, Health> {
         let running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         running
@@ -401,8 +442,28 @@ fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
         ui: None,
         audit: Arc::new(crate::audit::AuditPolicy::default()),
         annotations: t.annotations.clone(),
-        meta: t.meta.clone(),
+        meta: t.meta.clone().map(|m| rewrite_ui_meta(group, m)),
     })
+}
+
+/// An upstream's `ui://host/path` becomes `ui://<group>/host/path`, so that two upstreams can
+/// never claim the same resource and `resources/read` knows where to go. The rest of `_meta.ui`
+/// (visibility, CSP domains) passes through untouched.
+fn rewrite_ui_meta(group: &str, mut meta: rmcp::model::MetaObject) -> rmcp::model::MetaObject {
+    if let Some(Value::Object(ui)) = meta.get_mut("ui")
+        && let Some(Value::String(uri)) = ui.get_mut("resourceUri")
+        && let Some(rest) = uri.strip_prefix("ui://")
+    {
+        *uri = format!("ui://{group}/{rest}");
+    }
+    meta
+}
+
+/// The upstream and its own URI behind one of our `ui://<group>/...` URIs.
+pub fn upstream_ui_uri(uri: &str) -> Option<(&str, String)> {
+    let rest = uri.strip_prefix("ui://")?;
+    let (group, path) = rest.split_once('/')?;
+    Some((group, format!("ui://{path}")))
 }
 
 async fn connect(spec: &UpstreamSpec) -> Result<RunningService<RoleClient, ()>, String> {

@@ -1,5 +1,6 @@
 //! Integration tests: the real router over a fresh Postgres database per test.
 
+mod apps;
 mod audit;
 mod durability;
 mod helpers;

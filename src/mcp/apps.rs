@@ -1,0 +1,96 @@
+//! MCP Apps through the gateway: tools' `_meta.ui` passes through, and `ui://` resources are
+//! served under the same grants as the tools that link to them.
+//!
+//! A script tool names an HTML file of its folder (`x-toolgate-ui`), served as
+//! `ui://<group>/<path>`; an upstream's `ui://...` is rewritten as `ui://<group>/...` and read
+//! from that upstream. Either way an agent may read a UI resource only if it may see a tool
+//! that links to it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rmcp::ErrorData as McpError;
+use rmcp::model::{ReadResourceResult, Resource, ResourceContents};
+
+use crate::app::AppState;
+use crate::policy::snapshot::{PolicySnapshot, Principal};
+use crate::pool::{Execution, Tool};
+
+/// The MIME type of an MCP App's HTML.
+pub const UI_MIME: &str = "text/html;profile=mcp-app";
+/// The extension identifier advertised when the caller can see a tool with a UI.
+pub const UI_EXTENSION: &str = "io.modelcontextprotocol/ui";
+/// Largest UI file served from a script folder.
+const MAX_UI_BYTES: u64 = 2 * 1024 * 1024;
+
+/// The UI resources `principal` may read, each with a tool that links to it.
+pub fn visible_ui(snapshot: &PolicySnapshot, principal: &Principal) -> BTreeMap<String, Arc<Tool>> {
+    snapshot
+        .visible(principal)
+        .into_iter()
+        .filter_map(|t| t.ui_resource().map(|uri| (uri, t)))
+        .collect()
+}
+
+pub fn resources(snapshot: &PolicySnapshot, principal: &Principal) -> Vec<Resource> {
+    visible_ui(snapshot, principal)
+        .into_iter()
+        .map(|(uri, tool)| {
+            Resource::new(uri, format!("{} UI", tool.name))
+                .with_mime_type(UI_MIME)
+                .with_description(format!("The interactive view of {}", tool.name))
+        })
+        .collect()
+}
+
+/// Reads a `ui://` resource for `principal`; anything it may not read is "not found".
+pub async fn read(
+    state: &AppState,
+    principal: &Principal,
+    uri: &str,
+) -> Result<ReadResourceResult, McpError> {
+    let not_found = || McpError::resource_not_found(format!("Resource not found: {uri}"), None);
+    let tool = visible_ui(&state.policy.load(), principal)
+        .remove(uri)
+        .ok_or_else(not_found)?;
+    match &tool.exec {
+        Execution::Script(spec) => {
+            let rel = tool.ui.as_deref().ok_or_else(not_found)?;
+            // The file must stay inside the group folder, symlinks included.
+            let folder = std::fs::canonicalize(&spec.workdir).map_err(|_| not_found())?;
+            let path = std::fs::canonicalize(folder.join(rel)).map_err(|_| not_found())?;
+            if !path.starts_with(&folder) {
+                return Err(not_found());
+            }
+            let meta = std::fs::metadata(&path).map_err(|_| not_found())?;
+            if meta.len() > MAX_UI_BYTES {
+                return Err(McpError::internal_error(
+                    "the UI file is too large to serve",
+                    None,
+                ));
+            }
+            let text = tokio::fs::read_to_string(&path)
+                .await
+                .map_err(|_| not_found())?;
+            Ok(ReadResourceResult::new(vec![
+                ResourceContents::TextResourceContents {
+                    uri: uri.to_owned(),
+                    mime_type: Some(UI_MIME.to_owned()),
+                    text,
+                    meta: None,
+                },
+            ]))
+        }
+        Execution::Upstream { upstream, .. } => {
+            let (group, original) = crate::upstream::upstream_ui_uri(uri).ok_or_else(not_found)?;
+            if group != upstream {
+                return Err(not_found());
+            }
+            state
+                .upstreams
+                .read_resource(upstream, &original, uri)
+                .await
+                .map_err(|e| McpError::internal_error(e.to_string(), None))
+        }
+    }
+}
