@@ -107,7 +107,11 @@ impl Outcome {
             Outcome::Script(failed) => CallToolResult::error(vec![ContentBlock::text(
                 failed.error_message().unwrap_or_default(),
             )]),
-            Outcome::Upstream(Ok(r)) => r,
+            Outcome::Upstream(Ok(mut r)) => {
+                // A legacy upstream sends no resultType; the caller may be modern.
+                r.result_type = Some(rmcp::model::ResultType::COMPLETE);
+                r
+            }
             Outcome::Upstream(Err(e)) => {
                 CallToolResult::error(vec![ContentBlock::text(e.to_string())])
             }

@@ -86,11 +86,14 @@ pub async fn read(
             if group != upstream {
                 return Err(not_found());
             }
-            state
+            let mut result = state
                 .upstreams
                 .read_resource(upstream, &original, uri)
                 .await
-                .map_err(|e| McpError::internal_error(e.to_string(), None))
+                .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+            // A legacy upstream sends no resultType; our caller may be modern.
+            result.result_type = Some(rmcp::model::ResultType::COMPLETE);
+            Ok(result)
         }
     }
 }
