@@ -79,10 +79,10 @@ async fn denials_and_token_events_are_recorded(pool: PgPool) {
     for _ in 0..50 {
         if count(
             &pool,
-            "SELECT count(*) FROM audit_events WHERE event_type = 'auth.rejected'",
+            "SELECT count(*) FROM audit_events WHERE event_type IN ('auth.rejected', 'tools/list')",
         )
         .await
-            > 0
+            >= 2
         {
             break;
         }
