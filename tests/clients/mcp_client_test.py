@@ -443,6 +443,7 @@ async def main() -> int:
                 R.fail(f"[{mode}] setup", describe(e))
 
         await run_sdk_oauth(gw, assistant, args.strict_sdk_oauth)
+        await run_search_mode(gw)
     finally:
         await gw.close()
     return finish()
@@ -460,6 +461,62 @@ def finish() -> int:
             print(f"  - {n}")
     print(f"{len(R.passed)} passed, {len(R.failed)} failed")
     return 1 if R.failed else 0
+
+
+async def run_search_mode(gw: Gateway) -> None:
+    """An agent in `discovery: search`, created through the admin API and granted `search` and
+    `weather`: in every connect mode, tools/list is exactly the two meta-tools, search_tools
+    returns granted tools' full definitions (structuredContent and the same JSON as text), and
+    a found tool is callable by name and through call_tool; an ungranted tool is neither found
+    nor callable."""
+    agent = f"searcher-{os.getpid()}"
+    async with check(f"[search] admin API creates agent {agent} (discovery: search) granted search and weather"):
+        r = await gw.http.post(
+            f"{gw.base}/api/v1/agents", headers=gw.admin, json={"name": agent, "discovery": "search"}
+        )
+        expect(r.status_code == 201, f"POST /api/v1/agents -> {r.status_code} {r.text}")
+        await gw.add_grant(agent, "search")
+        await gw.add_grant(agent, "weather")
+    # Found tools are deliberately not in tools/list, so the SDK cannot validate their output
+    # against a listed outputSchema and warns once per call; that is the design, not a fault.
+    session_logger = logging.getLogger("client")  # mcp.client.session logs under this name
+    session_logger.setLevel(logging.ERROR)
+    try:
+        token = await gw.token(await gw.create_client(agent))
+        for mode in MODES:
+            tag = f"[search/{mode}]"
+            async with connect(gw.mcp_url, mode, token) as client:
+                async with check(f"{tag} lists exactly [call_tool, search_tools]"):
+                    await expect_tools(client, ["call_tool", "search_tools"])
+                async with check(f"{tag} search_tools {{query: current weather in a city}} -> weather__current first"):
+                    res = await client.call_tool("search_tools", {"query": "current weather in a city", "limit": 3})
+                    expect(res.is_error is False, f"is_error={res.is_error}, content={res.content!r}")
+                    sc = res.structured_content
+                    expect(isinstance(sc, dict) and isinstance(sc.get("tools"), list), f"structuredContent={sc!r}")
+                    names = [t.get("name") for t in sc["tools"]]
+                    expect(names[:1] == ["weather__current"], f"found {names}")
+                    expect(all("inputSchema" in t for t in sc["tools"]), "a definition has no inputSchema")
+                    expect(json.loads(result_text(res)) == sc, "the text content is not the structuredContent JSON")
+                async with check(f"{tag} calls the found weather__current directly by name"):
+                    res = await client.call_tool("weather__current", {"city": "Paris"})
+                    expect(res.is_error is False, f"is_error={res.is_error}, content={res.content!r}")
+                    expect((res.structured_content or {}).get("city") == "Paris", f"{res.structured_content!r}")
+                async with check(f"{tag} call_tool {{name: weather__current, arguments: {{city: Paris}}}}"):
+                    res = await client.call_tool("call_tool", {"name": "weather__current", "arguments": {"city": "Paris"}})
+                    expect(res.is_error is False, f"is_error={res.is_error}, content={res.content!r}")
+                    expect((res.structured_content or {}).get("city") == "Paris", f"{res.structured_content!r}")
+                async with check(f"{tag} ungranted text__wordcount: never found, call_tool refuses it"):
+                    res = await client.call_tool("search_tools", {"query": "count the words of a text", "limit": 20})
+                    names = [t.get("name") for t in (res.structured_content or {}).get("tools", [])]
+                    expect(not any(n.startswith("text__") for n in names), f"found {names}")
+                    res = await client.call_tool("call_tool", {"name": "text__wordcount", "arguments": {"text": "a b"}})
+                    expect(res.is_error is True, f"is_error={res.is_error}, content={res.content!r}")
+                    expect("Unknown tool" in result_text(res), f"{result_text(res)!r}")
+    except Exception as e:  # noqa: BLE001 - setup failed; its checks did not run
+        R.fail("[search] setup", describe(e))
+    finally:
+        session_logger.setLevel(logging.NOTSET)
+        await gw.http.delete(f"{gw.base}/api/v1/agents/{agent}", headers=gw.admin)
 
 
 if __name__ == "__main__":
