@@ -69,14 +69,22 @@ fn args() -> anyhow::Result<Args> {
     Ok(a)
 }
 
+/// A query whose first result is not relevant.
+struct Miss {
+    query: String,
+    relevant: Vec<String>,
+    top: Vec<String>,
+    /// Rank of the first relevant tool, if it matched at all.
+    rank: Option<usize>,
+}
+
 /// Recall at 1, at 5 and at the limit, and MRR, of `index` over `queries`.
 struct Quality {
     at1: f64,
     at5: f64,
     at_limit: f64,
     mrr: f64,
-    /// (query, relevant, top names, rank of the first relevant) for the queries missed at 1.
-    misses: Vec<(String, Vec<String>, Vec<String>, Option<usize>)>,
+    misses: Vec<Miss>,
 }
 
 fn quality(index: &SearchIndex, all: &[Arc<Tool>], queries: &[Query], limit: usize) -> Quality {
@@ -96,16 +104,16 @@ fn quality(index: &SearchIndex, all: &[Arc<Tool>], queries: &[Query], limit: usi
             rr += 1.0 / r as f64;
         }
         if rank != Some(1) {
-            misses.push((
-                q.query.clone(),
-                q.relevant.clone(),
-                ranking
+            misses.push(Miss {
+                query: q.query.clone(),
+                relevant: q.relevant.clone(),
+                top: ranking
                     .iter()
                     .take(3)
                     .map(|h| h.tool.name.to_string())
                     .collect(),
                 rank,
-            ));
+            });
         }
     }
     let n = queries.len() as f64;
@@ -223,7 +231,13 @@ fn main() -> anyhow::Result<()> {
             "queries whose first result is not relevant ({}):",
             q.misses.len()
         );
-        for (query, relevant, top, rank) in &q.misses {
+        for Miss {
+            query,
+            relevant,
+            top,
+            rank,
+        } in &q.misses
+        {
             let rank = rank.map_or("not found".to_owned(), |r| format!("rank {r}"));
             println!("  - {query:?}\n      relevant {relevant:?} at {rank}; top 3 {top:?}");
         }
