@@ -10,7 +10,9 @@ use crate::pool::Tool;
 
 /// Tokens of a text.
 pub fn tokens(text: &str) -> usize {
-    tiktoken_rs::o200k_base_singleton().encode_ordinary(text).len()
+    tiktoken_rs::o200k_base_singleton()
+        .encode_ordinary(text)
+        .len()
 }
 
 /// Tokens of the `tools/list` entries for `tools`, serialized as a client receives them.

@@ -24,5 +24,5 @@ pub mod rest;
 pub mod search;
 pub mod service;
 pub mod telemetry;
-pub mod web;
 pub mod upstream;
+pub mod web;

@@ -62,7 +62,11 @@ impl AuditLog {
                 }
             }
         });
-        Self { tx, instance: "benchmark".into(), healthy: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)) }
+        Self {
+            tx,
+            instance: "benchmark".into(),
+            healthy: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        }
     }
 
     /// Whether the last write succeeded.

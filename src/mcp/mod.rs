@@ -248,6 +248,18 @@ impl ServerHandler for Gateway {
             .with_cache_scope(CacheScope::Private))
     }
 
+    async fn get_prompt(
+        &self,
+        request: rmcp::model::GetPromptRequestParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetPromptResponse, McpError> {
+        // The gateway serves no prompts; the list is advertised (empty) for caching clients.
+        Err(McpError::invalid_params(
+            format!("Prompt not found: {}", request.name),
+            Some(json!({"name": request.name})),
+        ))
+    }
+
     async fn read_resource(
         &self,
         request: rmcp::model::ReadResourceRequestParams,

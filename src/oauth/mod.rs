@@ -39,6 +39,7 @@ pub fn router() -> Router<AppState> {
         .route("/oauth/token", post(token))
         .route("/oauth/revoke", post(revoke))
         .route("/oauth/introspect", post(introspect))
+        .route("/oauth/authorize", get(authorize))
         .route("/.well-known/oauth-authorization-server", get(as_metadata))
         .route(
             "/.well-known/oauth-protected-resource",
@@ -301,29 +302,49 @@ async fn verify_assertion(
 }
 
 /// Narrows the agent's live grants by a requested `scope` (`tools:search tools:weather__current`).
+///
+/// A scope that is not of our form is an error. A well-formed scope the agent is not granted
+/// is left out of the token (RFC 6749 §3.3 lets the server issue less than asked, and the
+/// response says what was issued): MCP clients request every scope the protected-resource
+/// metadata lists. If nothing requested is granted, the request fails with `invalid_scope`.
 pub fn narrow(grants: &[GrantTarget], scope: Option<&str>) -> Result<Vec<GrantTarget>, String> {
     let Some(scope) = scope.map(str::trim).filter(|s| !s.is_empty()) else {
         return Ok(grants.to_vec());
     };
     let mut out = Vec::new();
     for item in scope.split_whitespace() {
-        let target = item
-            .strip_prefix("tools:")
-            .and_then(|t| GrantTarget::parse(t).ok())
-            .ok_or_else(|| format!("unknown scope `{item}`; scopes look like `tools:<group>` or `tools:<group>__<tool>`"))?;
+        let target = item.strip_prefix("tools:").and_then(|t| GrantTarget::parse(t).ok()).ok_or_else(|| {
+            format!("unknown scope `{item}`; scopes look like `tools:<group>` or `tools:<group>__<tool>`")
+        })?;
         let covered = grants.iter().any(|g| match (&target, g) {
             (GrantTarget::Group(a), GrantTarget::Group(b)) => a == b,
             (GrantTarget::Tool(t), g) => g.matches(t.as_str()),
             (GrantTarget::Group(_), GrantTarget::Tool(_)) => false,
         });
-        if !covered {
-            return Err(format!("scope `{item}` is not granted to this agent"));
-        }
-        if !out.contains(&target) {
+        if covered && !out.contains(&target) {
             out.push(target);
         }
     }
+    if out.is_empty() {
+        return Err(format!(
+            "none of the requested scopes (`{scope}`) is granted to this agent"
+        ));
+    }
     Ok(out)
+}
+
+/// There is no interactive authorization here: agents use client credentials. The endpoint
+/// exists because MCP clients require the metadata field; it refuses every request.
+async fn authorize() -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        [(header::CACHE_CONTROL, "no-store")],
+        Json(json!({
+            "error": "unsupported_response_type",
+            "error_description": "this authorization server issues tokens only with grant_type=client_credentials at /oauth/token",
+        })),
+    )
+        .into_response()
 }
 
 async fn token(
@@ -599,6 +620,8 @@ async fn as_metadata(State(state): State<AppState>) -> Json<Value> {
         "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt"],
         "scopes_supported": scopes_supported(&state),
         "response_types_supported": [],
+        // Required by MCP clients' metadata models; it answers unsupported_response_type.
+        "authorization_endpoint": format!("{i}/oauth/authorize"),
     }))
 }
 
@@ -647,6 +670,10 @@ mod tests {
             vec![g("search__query")]
         );
         assert!(narrow(&grants, Some("tools:weather")).is_err());
+        assert_eq!(
+            narrow(&grants, Some("tools:weather tools:search")).unwrap(),
+            vec![g("search")]
+        );
         assert!(narrow(&grants, Some("admin")).is_err());
     }
 }

@@ -17,16 +17,21 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn concurrent_calls_leave_exactly_their_records(pool: PgPool) {
-    let app = TestApp::new(pool.clone()).await;
-    // An agent without rate limits (the example `meteo` has some).
-    let token = app.agent("bulk", &["weather"]).await;
+    // A shell tool that answers at once, with a generous timeout: the test is about the log,
+    // not about how fast 20 interpreters start on a loaded 2-core machine.
+    let root = tempfile::tempdir().unwrap();
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+    let op = single_op("echo", schema, json!({"x-toolgate-timeout-ms": 120000}));
+    write_group(root.path(), "bulk", &op, &[("echo.sh", "#!/bin/sh\ncat\n")]);
+    let app = TestApp::with(pool.clone(), root.path(), None, &[]).await;
+    let token = app.agent("bulk", &["bulk"]).await;
     let n = 20;
 
     let calls = (0..n).map(|i| {
-        let city = ["Paris", "Tokyo", "Cairo", "Sydney"][i % 4];
-        app.get_owned(
-            format!("/tools/weather/forecast?city={city}&days={}", 1 + i % 7),
+        app.post_owned(
+            "/tools/bulk/echo".to_owned(),
             token.clone(),
+            json!({"n": i}),
         )
     });
     let replies = futures::future::join_all(calls).await;

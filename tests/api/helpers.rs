@@ -266,8 +266,8 @@ impl TestApp {
 }
 
 impl TestApp {
-    /// A GET whose future owns its arguments, for running many at once.
-    pub async fn get_owned(&self, uri: String, token: String) -> StatusCode {
-        self.get(&uri, Some(&token)).await.status
+    /// A JSON POST whose future owns its arguments, for running many at once.
+    pub async fn post_owned(&self, uri: String, token: String, body: Value) -> StatusCode {
+        self.post_json(&uri, Some(&token), body).await.status
     }
 }
