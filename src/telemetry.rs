@@ -7,7 +7,7 @@ use crate::config::LogFormat;
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_env("TOOLGATE_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,rmcp=warn"));
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=error,rmcp=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
