@@ -58,7 +58,7 @@ async fn a_broken_edit_keeps_the_last_good_version_until_fixed(pool: PgPool) {
 
     // The catalog table follows (written in the background).
     let mut names: Vec<String> = Vec::new();
-    for _ in 0..50 {
+    for _ in 0..200 {
         names = sqlx::query_scalar("SELECT name FROM tools ORDER BY name")
             .fetch_all(&pool)
             .await
@@ -90,7 +90,7 @@ async fn the_watcher_reloads_after_a_change_settles() {
     let counter = reloads.clone();
     let _watcher = toolgate::pool::watcher::spawn(
         root.path().to_path_buf(),
-        Duration::from_millis(100),
+        Duration::from_millis(500),
         move || {
             counter.fetch_add(1, Ordering::SeqCst);
         },
@@ -104,7 +104,7 @@ async fn the_watcher_reloads_after_a_change_settles() {
         &[("double.sh", "#!/bin/sh\necho {}\n")],
     );
 
-    for _ in 0..100 {
+    for _ in 0..200 {
         if reloads.load(Ordering::SeqCst) > 0 {
             break;
         }
