@@ -291,6 +291,10 @@ async fn main() {
         unaudited.0 - spawn.0
     );
 
+    // 7. A proxied call against the same upstream called directly, with the same official
+    //    client (rmcp, Streamable HTTP), in the same run.
+    proxied_vs_direct(&state, &http, &base).await;
+
     pool.close().await;
     state.db.close().await;
     _plain.db.close().await;
@@ -299,6 +303,134 @@ async fn main() {
         .execute(&admin)
         .await;
     let _ = std::fs::remove_dir_all(&tools);
+}
+
+/// `@modelcontextprotocol/server-everything` over Streamable HTTP, called directly and through
+/// the gateway (token, grants, limits, two audit rows, forwarding).
+async fn proxied_vs_direct(state: &AppState, http: &reqwest::Client, base: &str) {
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let deps = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-deps");
+    let entry = deps.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    if !entry.is_file() {
+        let ok = std::process::Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&deps)
+            .arg("@modelcontextprotocol/server-everything@2026.8.31")
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            println!(
+                "
+proxied call: skipped (npm could not install the reference upstream)"
+            );
+            return;
+        }
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut upstream = std::process::Command::new("node")
+        .arg(&entry)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let spec: toolgate::upstream::UpstreamSpec =
+        serde_json::from_value(json!({"transport": "http", "url": url})).unwrap();
+    toolgate::service::set_upstream(state, "bench", "everything", spec)
+        .await
+        .unwrap();
+    let admin = |r: reqwest::RequestBuilder| r.bearer_auth("bench");
+    let _ = admin(http.post(format!("{base}/api/v1/agents/bench/grants")))
+        .json(&json!({"target": "everything"}))
+        .send()
+        .await
+        .unwrap();
+    let tok = {
+        let c: serde_json::Value = admin(http.post(format!("{base}/api/v1/agents/bench/clients")))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let t: serde_json::Value = http
+            .post(format!("{base}/oauth/token"))
+            .basic_auth(
+                c["client_id"].as_str().unwrap(),
+                c["client_secret"].as_str(),
+            )
+            .form(&[("grant_type", "client_credentials")])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        t["access_token"].as_str().unwrap().to_owned()
+    };
+    for _ in 0..100 {
+        if state
+            .policy
+            .load()
+            .catalog
+            .get("everything__echo")
+            .is_some()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let direct = ()
+        .serve(StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(url.as_str()),
+        ))
+        .await
+        .unwrap();
+    let mut via_config = StreamableHttpClientTransportConfig::with_uri(format!("{base}/mcp"));
+    via_config.auth_header = Some(tok);
+    let via = ().serve(StreamableHttpClientTransport::from_config(via_config)).await.unwrap();
+    let n = 300;
+    let run = async |client: &rmcp::service::RunningService<rmcp::RoleClient, ()>, name: &str| {
+        let mut v = Vec::new();
+        for i in 0..n {
+            let mut p = CallToolRequestParams::new(name.to_owned());
+            p.arguments = json!({"message": format!("m{i}")}).as_object().cloned();
+            let t = Instant::now();
+            let r = client.call_tool(p).await.unwrap();
+            assert_ne!(r.is_error, Some(true));
+            v.push(t.elapsed());
+        }
+        stats(v)
+    };
+    let d = run(&direct, "echo").await;
+    let g = run(&via, "everything__echo").await;
+    println!();
+    row("upstream echo, called directly (rmcp client)", d);
+    row("upstream echo, through the gateway (same client)", g);
+    println!("proxied call overhead (p50): {:.2} ms", g.0 - d.0);
+    let _ = direct.cancel().await;
+    let _ = via.cancel().await;
+    let _ = upstream.kill();
+    let _ = upstream.wait();
 }
 
 fn tempfile_dir() -> std::path::PathBuf {

@@ -119,6 +119,20 @@ pub struct OAuthSpec {
     pub scope: Option<String>,
 }
 
+/// The gateway's client side towards one upstream: it declares no optional capability (so
+/// no tasks, no sampling, no elicitation go upstream) and turns the upstream's
+/// `notifications/tools/list_changed` into an immediate re-list.
+#[derive(Clone)]
+pub struct Listener {
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl rmcp::ClientHandler for Listener {
+    async fn on_tool_list_changed(&self, _ctx: rmcp::service::NotificationContext<RoleClient>) {
+        self.changed.notify_one();
+    }
+}
+
 /// Health, as the API and the UI show it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Health {
@@ -135,9 +149,11 @@ const BREAKER_THRESHOLD: u32 = 3;
 const BREAKER_OPEN: Duration = Duration::from_secs(10);
 
 struct Shared {
+    /// Fired when the upstream says its tool list changed.
+    changed: Arc<tokio::sync::Notify>,
     group: String,
     spec: UpstreamSpec,
-    client: tokio::sync::RwLock<Option<RunningService<RoleClient, ()>>>,
+    client: tokio::sync::RwLock<Option<RunningService<RoleClient, Listener>>>,
     tools: Mutex<Vec<rmcp::model::Tool>>,
     status: Mutex<Status>,
     slots: tokio::sync::Semaphore,
@@ -197,6 +213,7 @@ impl Upstreams {
                 continue;
             }
             let shared = Arc::new(Shared {
+                changed: Arc::new(tokio::sync::Notify::new()),
                 group: name.clone(),
                 spec: spec.clone(),
                 client: tokio::sync::RwLock::new(None),
@@ -466,7 +483,10 @@ pub fn upstream_ui_uri(uri: &str) -> Option<(&str, String)> {
     Some((group, format!("ui://{path}")))
 }
 
-async fn connect(spec: &UpstreamSpec) -> Result<RunningService<RoleClient, ()>, String> {
+async fn connect(
+    spec: &UpstreamSpec,
+    listener: Listener,
+) -> Result<RunningService<RoleClient, Listener>, String> {
     spec.validate()?;
     match spec.transport {
         TransportKind::Stdio => {
@@ -483,7 +503,8 @@ async fn connect(spec: &UpstreamSpec) -> Result<RunningService<RoleClient, ()>, 
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .map_err(|e| format!("cannot start `{command}`: {e}"))?;
-            ().serve(transport)
+            listener
+                .serve(transport)
                 .await
                 .map_err(|e| format!("handshake failed: {e}"))
         }
@@ -505,7 +526,8 @@ async fn connect(spec: &UpstreamSpec) -> Result<RunningService<RoleClient, ()>, 
             if let Some(o) = &spec.oauth {
                 config = config.auth_header(upstream_token(o).await?);
             }
-            ().serve(StreamableHttpClientTransport::from_config(config))
+            listener
+                .serve(StreamableHttpClientTransport::from_config(config))
                 .await
                 .map_err(|e| format!("cannot reach {url}: {e}"))
         }
@@ -550,7 +572,17 @@ async fn supervise(shared: Arc<Shared>, on_change: Arc<dyn Fn() + Send + Sync>) 
         set_status(&shared, "connecting", None);
         // A server that never finishes its handshake must not wedge the supervisor.
         let handshake = Duration::from_millis(shared.spec.timeout_ms.clamp(1000, 30_000));
-        let connected = match tokio::time::timeout(handshake, connect(&shared.spec)).await {
+        let connected = match tokio::time::timeout(
+            handshake,
+            connect(
+                &shared.spec,
+                Listener {
+                    changed: shared.changed.clone(),
+                },
+            ),
+        )
+        .await
+        {
             Ok(r) => r,
             Err(_) => Err(format!("no handshake within {} ms", handshake.as_millis())),
         };
@@ -593,7 +625,16 @@ async fn supervise(shared: Arc<Shared>, on_change: Arc<dyn Fn() + Send + Sync>) 
                     let deadline =
                         Instant::now() + Duration::from_secs(shared.spec.refresh_secs.max(1));
                     while Instant::now() < deadline {
-                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        // A list_changed notification re-lists at once; otherwise poll.
+                        if tokio::time::timeout(
+                            Duration::from_millis(500),
+                            shared.changed.notified(),
+                        )
+                        .await
+                        .is_ok()
+                        {
+                            break;
+                        }
                         if shared
                             .client
                             .read()
