@@ -399,6 +399,8 @@ impl Upstreams {
                 st.open_until = None;
             }
             Err(e) => {
+                // Let the supervisor check the connection now rather than at its next poll.
+                shared.changed.notify_one();
                 st.failures += 1;
                 st.last_error = Some(e.to_string());
                 if st.failures >= BREAKER_THRESHOLD {
@@ -597,7 +599,15 @@ async fn supervise(shared: Arc<Shared>, on_change: Arc<dyn Fn() + Send + Sync>) 
                         let guard = shared.client.read().await;
                         match guard.as_ref() {
                             Some(c) if !c.is_closed() => {
-                                c.list_all_tools().await.map_err(|e| e.to_string())
+                                // A dead HTTP upstream can keep a request pending; bound it.
+                                let timeout = Duration::from_millis(shared.spec.timeout_ms);
+                                match tokio::time::timeout(timeout, c.list_all_tools()).await {
+                                    Ok(r) => r.map_err(|e| e.to_string()),
+                                    Err(_) => Err(format!(
+                                        "tools/list took longer than {} ms",
+                                        shared.spec.timeout_ms
+                                    )),
+                                }
                             }
                             _ => Err("connection closed".to_owned()),
                         }
@@ -647,7 +657,7 @@ async fn supervise(shared: Arc<Shared>, on_change: Arc<dyn Fn() + Send + Sync>) 
                     }
                 }
                 if let Some(old) = shared.client.write().await.take() {
-                    let _ = old.cancel().await;
+                    let _ = tokio::time::timeout(Duration::from_secs(5), old.cancel()).await;
                 }
             }
             Err(e) => {

@@ -234,7 +234,7 @@ async fn an_http_upstream_fails_clearly_when_it_dies_and_recovers_when_it_return
     let mut server = start_http(&entry, port);
     wait_port(port).await;
     let mut back = None;
-    for _ in 0..60 {
+    for _ in 0..120 {
         let r = app
             .call(&token, "remote__echo", json!({"message": "again"}))
             .await;
