@@ -282,3 +282,67 @@ async fn hanging_and_garbage_upstreams_are_reported_and_nothing_else_breaks(pool
         .await;
     assert_eq!(weather.body["result"]["isError"], false, "{}", weather.text);
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_hung_call_times_out_and_a_stdio_server_killed_mid_call_is_restarted(pool: PgPool) {
+    let entry = everything_entry();
+    let app = TestApp::new(pool).await;
+    // A marker argument makes this test's child findable among other tests' children.
+    let marker = format!("midcall-{}", std::process::id());
+    put_upstream(
+        &app,
+        "slow",
+        json!({"transport": "stdio", "command": "node", "args": [entry, "stdio", marker], "timeout_ms": 1500, "refresh_secs": 1}),
+    )
+    .await;
+    let token = app.agent("patient", &["slow"]).await;
+    wait_for_tools(&app, &token, "slow").await;
+
+    // The upstream takes 10 s; the gateway gives up at its 1.5 s timeout with a tool error.
+    let started = std::time::Instant::now();
+    let hung = app
+        .call(
+            &token,
+            "slow__trigger-long-running-operation",
+            json!({"duration": 10, "steps": 2}),
+        )
+        .await;
+    assert_eq!(hung.body["result"]["isError"], true, "{}", hung.text);
+    assert!(
+        text(&hung.body).contains("did not answer within 1500 ms"),
+        "{}",
+        hung.text
+    );
+    assert!(started.elapsed() < Duration::from_secs(8));
+
+    // Killed in the middle of a call: the caller gets a tool error, not a hang.
+    let kill = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _ = std::process::Command::new("pkill")
+            .args(["-KILL", "-f", &marker])
+            .status();
+    };
+    let (dying, ()) = tokio::join!(
+        app.call(
+            &token,
+            "slow__trigger-long-running-operation",
+            json!({"duration": 1, "steps": 1})
+        ),
+        kill
+    );
+    assert_eq!(dying.body["result"]["isError"], true, "{}", dying.text);
+
+    // The supervisor restarts the server with backoff; its tools work again.
+    let mut back = false;
+    for _ in 0..120 {
+        let r = app
+            .call(&token, "slow__echo", json!({"message": "restarted"}))
+            .await;
+        if text(&r.body).contains("restarted") {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(back, "the stdio upstream was not restarted after it died");
+}
