@@ -137,7 +137,7 @@ async fn a_stdio_upstream_is_served_under_grants_and_audit(pool: PgPool) {
     // One child process per upstream, and it goes when the upstream is removed.
     let children = || {
         std::process::Command::new("pgrep")
-            .args(["-f", &format!("{} stdio", entry.display())])
+            .args(["-f", &format!("{} stdio$", entry.display())])
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
             .unwrap_or(0)
