@@ -13,14 +13,19 @@ use crate::helpers::{TestApp, repo_path};
 const EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
 
 /// Installs the reference server once per checkout (under `target/`), from the npm registry.
+///
+/// Tests run in parallel processes: each installs into its own directory and renames it into
+/// place, so a half-written install is never seen and the first complete one wins.
 fn everything_entry() -> PathBuf {
     let dir = repo_path("target/test-deps");
     let entry = dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     if !entry.is_file() {
-        std::fs::create_dir_all(&dir).unwrap();
+        let staging = repo_path(&format!("target/test-deps.{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::create_dir_all(&staging).unwrap();
         let out = std::process::Command::new("npm")
             .args(["install", "--no-audit", "--no-fund", "--prefix"])
-            .arg(&dir)
+            .arg(&staging)
             .arg(EVERYTHING)
             .output()
             .expect("npm is needed to fetch the reference MCP server");
@@ -29,7 +34,20 @@ fn everything_entry() -> PathBuf {
             "npm install failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if dir.exists() && !entry.is_file() {
+            // A broken earlier install (no entry point): replace it.
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        if std::fs::rename(&staging, &dir).is_err() {
+            // Another test process finished first.
+            let _ = std::fs::remove_dir_all(&staging);
+        }
     }
+    assert!(
+        entry.is_file(),
+        "{} is missing after install",
+        entry.display()
+    );
     entry
 }
 
