@@ -106,6 +106,8 @@ pub struct Inner {
     pub replay: crate::oauth::ReplayCache,
     /// Serialises pool reloads so two bursts of file events never interleave.
     reload_lock: std::sync::Mutex<()>,
+    /// Serialises writes of the catalog table.
+    catalog_sync: tokio::sync::Mutex<()>,
 }
 
 /// Shared by every handler.
@@ -143,6 +145,7 @@ impl AppState {
             metrics: Metrics::new(),
             replay: crate::oauth::ReplayCache::default(),
             reload_lock: std::sync::Mutex::new(()),
+            catalog_sync: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -159,8 +162,13 @@ impl AppState {
         let n = catalog.len();
         self.policy.set_catalog(catalog.clone());
         self.refresh_gauges();
+        drop(catalog);
         let state = self.clone();
         tokio::spawn(async move {
+            // Syncs run one at a time and each writes the catalog current when it runs, so a
+            // slow older sync can never overwrite a newer one.
+            let _one_at_a_time = state.catalog_sync.lock().await;
+            let catalog = state.policy.catalog();
             if let Err(e) =
                 db::catalog::sync(&state.db, &catalog, &state.settings.instance_origin()).await
             {
