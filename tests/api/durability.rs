@@ -258,12 +258,13 @@ async fn a_kill_9_under_load_loses_no_call() {
         .unwrap();
     let token = token["access_token"].as_str().unwrap().to_owned();
 
-    // Calls start every 20 ms; the kill lands in the middle of them.
+    // Calls start every 40 ms over 1.6 s; the kill lands at 1 s, with calls in flight
+    // (each script sleeps 0.3 s) and later ones not yet sent.
     let calls: Vec<_> = (0..40)
         .map(|n| {
             let (http, base, token) = (http.clone(), base.clone(), token.clone());
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(20 * n as u64)).await;
+                tokio::time::sleep(Duration::from_millis(40 * n as u64)).await;
                 let r = http
                     .post(format!("{base}/tools/mark/mark"))
                     .bearer_auth(token)
@@ -274,7 +275,7 @@ async fn a_kill_9_under_load_loses_no_call() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     server.kill().await.unwrap();
     let mut answered = Vec::new();
     for c in calls {
