@@ -364,29 +364,7 @@ proxied call: skipped (npm could not install the reference upstream)"
         .send()
         .await
         .unwrap();
-    let tok = {
-        let c: serde_json::Value = admin(http.post(format!("{base}/api/v1/agents/bench/clients")))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let t: serde_json::Value = http
-            .post(format!("{base}/oauth/token"))
-            .basic_auth(
-                c["client_id"].as_str().unwrap(),
-                c["client_secret"].as_str(),
-            )
-            .form(&[("grant_type", "client_credentials")])
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        t["access_token"].as_str().unwrap().to_owned()
-    };
+    let tok = token(http, base, "bench").await;
     for _ in 0..100 {
         if state
             .policy

@@ -247,9 +247,22 @@ pub fn single_op(op: &str, body_schema: Value, extra: Value) -> Value {
 impl TestApp {
     /// Creates an agent with grants and returns a token for it.
     pub async fn agent(&self, name: &str, grants: &[&str]) -> String {
-        let r = self
-            .admin("POST", "/api/v1/agents", Some(json!({"name": name})))
-            .await;
+        self.agent_in_mode(name, None, grants).await
+    }
+
+    /// Creates an agent with a discovery mode (default: the server's) and grants through the
+    /// admin API; returns a token for it.
+    pub async fn agent_in_mode(
+        &self,
+        name: &str,
+        discovery: Option<&str>,
+        grants: &[&str],
+    ) -> String {
+        let mut body = json!({"name": name});
+        if let Some(d) = discovery {
+            body["discovery"] = json!(d);
+        }
+        let r = self.admin("POST", "/api/v1/agents", Some(body)).await;
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
         for g in grants {
             let r = self

@@ -9,25 +9,7 @@ use crate::helpers::{TestApp, repo_path};
 
 /// Creates an agent with a discovery mode and grants through the admin API; returns a token.
 async fn agent_with(app: &TestApp, name: &str, discovery: &str, grants: &[&str]) -> String {
-    let r = app
-        .admin(
-            "POST",
-            "/api/v1/agents",
-            Some(json!({"name": name, "discovery": discovery})),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
-    for g in grants {
-        let r = app
-            .admin(
-                "POST",
-                &format!("/api/v1/agents/{name}/grants"),
-                Some(json!({"target": g})),
-            )
-            .await;
-        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
-    }
-    app.token_for(name).await
+    app.agent_in_mode(name, Some(discovery), grants).await
 }
 
 /// The names `search_tools` returned, checking that text and structured content agree.
