@@ -268,7 +268,10 @@ async fn main() {
             let log = log.clone();
             tokio::spawn(async move {
                 for _ in 0..per {
-                    let mut e = AuditEvent::new("tool.result", "success");
+                    let mut e = AuditEvent::new(
+                        toolgate::audit::EventKind::ToolResult,
+                        toolgate::audit::Outcome::Success,
+                    );
                     e.agent = Some("bench".into());
                     e.tool = Some("bench__echo".into());
                     log.record(e).await.unwrap();

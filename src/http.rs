@@ -71,8 +71,10 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
         request_id: Some(id.clone()).filter(|s| !s.is_empty()),
     };
     let mut req = req;
-    req.extensions_mut().insert(origin);
-    let response = tracing::Instrument::instrument(next.run(req), span).await;
+    req.extensions_mut().insert(origin.clone());
+    let response = origin
+        .scope(tracing::Instrument::instrument(next.run(req), span))
+        .await;
     state
         .metrics
         .http_requests
@@ -177,9 +179,11 @@ pub async fn require_agent(
         }
         Err(e) => {
             tracing::debug!(reason = %e, "request refused: invalid token");
-            let mut event =
-                crate::audit::AuditEvent::new(crate::audit::kind::AUTH_REJECTED, "denied")
-                    .from_origin(req.extensions().get::<crate::audit::RequestOrigin>());
+            let mut event = crate::audit::AuditEvent::new(
+                crate::audit::EventKind::AuthRejected,
+                crate::audit::Outcome::Denied,
+            )
+            .from_origin(req.extensions().get::<crate::audit::RequestOrigin>());
             event.error = Some(e.to_string());
             event.resource = Some(req.uri().path().to_owned());
             // Never let a flood of bad tokens wait on (or be blocked by) the audit log.
@@ -189,14 +193,38 @@ pub async fn require_agent(
             } else {
                 Some("invalid_token")
             };
-            (
+            let mut response = (
                 StatusCode::UNAUTHORIZED,
                 [(header::WWW_AUTHENTICATE, bearer_challenge(&state, error))],
                 Json(json!({"error": error.unwrap_or("unauthorized"), "error_description": "a valid bearer access token is required"})),
             )
-                .into_response()
+                .into_response();
+            // An unread request body makes the server drop the keep-alive connection right
+            // after this answer, racing the client's next request on it (which then sees a
+            // reset, not an answer). Read a small body to its end; refuse to keep a
+            // connection whose body is large, and say so, rather than read it for a stranger.
+            if !drain_body(req.into_body()).await {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            response
         }
     }
+}
+
+/// Largest body read (and discarded) from a refused request so that its connection can be
+/// reused.
+const DRAIN_LIMIT: usize = 64 * 1024;
+
+/// Reads and discards `body` if it is small and arrives promptly; `false` when it was not
+/// read to its end.
+async fn drain_body(body: axum::body::Body) -> bool {
+    let read = axum::body::to_bytes(body, DRAIN_LIMIT);
+    matches!(
+        tokio::time::timeout(std::time::Duration::from_secs(2), read).await,
+        Ok(Ok(_))
+    )
 }
 
 /// The dev agent holds a token-equivalent of all its live grants.

@@ -1,18 +1,18 @@
 //! toolgate: a policy-and-audit gateway that serves a pool of tools (script folders) to AI
 //! agents over MCP and REST, each agent only its granted share.
 //!
-//! Core (no HTTP): [`pool`], [`policy`], [`search`], [`auth`], [`calls`], [`service`], [`db`].
+//! Core (no HTTP): [`pool`], [`policy`], [`search`], [`auth`], [`gate`], [`service`], [`db`].
 //! Surfaces: [`mcp`], [`rest`], [`api`], [`oauth`], [`web`], over [`app`] and [`http`].
 
 pub mod api;
 pub mod app;
 pub mod audit;
 pub mod auth;
-pub mod calls;
 pub mod cli;
 pub mod config;
 pub mod cost;
 pub mod db;
+pub mod gate;
 pub mod http;
 pub mod limits;
 pub mod mcp;

@@ -161,7 +161,10 @@ mod tests {
     fn ev(n: i64) -> AuditEvent {
         AuditEvent {
             latency_us: Some(n),
-            ..AuditEvent::new("tool.call", "success")
+            ..AuditEvent::new(
+                crate::audit::EventKind::ToolCall,
+                crate::audit::Outcome::Success,
+            )
         }
     }
 

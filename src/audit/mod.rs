@@ -40,12 +40,14 @@ pub struct AuditEvent {
 }
 
 impl AuditEvent {
-    /// A new event stamped now, at the microsecond precision Postgres keeps.
-    pub fn new(event_type: &str, outcome: &str) -> Self {
+    /// A new event stamped now, at the microsecond precision Postgres keeps. Kinds and
+    /// outcomes are types so that every surface writes the same words for the same thing;
+    /// the row keeps them as text (the hash chain and exports are defined over text).
+    pub fn new(kind: EventKind, outcome: Outcome) -> Self {
         Self {
             at: now_micros(),
-            event_type: event_type.to_owned(),
-            outcome: outcome.to_owned(),
+            event_type: kind.as_str().to_owned(),
+            outcome: outcome.as_str().to_owned(),
             ..Self::default()
         }
     }
@@ -57,6 +59,89 @@ impl AuditEvent {
             self.request_id = o.request_id.clone();
         }
         self
+    }
+
+    /// Stamps the origin of the request this task is serving, when there is one (see
+    /// [`RequestOrigin::scope`]).
+    pub fn from_current_origin(self) -> Self {
+        let origin = CURRENT_ORIGIN.try_with(Clone::clone).ok();
+        self.from_origin(origin.as_ref())
+    }
+}
+
+macro_rules! text_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)* }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name { $($(#[$vdoc])* $variant,)* }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant,)*];
+
+            /// The word stored in the audit log.
+            pub const fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text,)* }
+            }
+
+            pub fn parse(s: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|k| k.as_str() == s)
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+text_enum! {
+    /// What an event records.
+    EventKind {
+        /// An MCP `initialize` or `server/discover`.
+        Initialize = "initialize",
+        ToolsList = "tools/list",
+        ToolsSearch = "tools/search",
+        ResourcesList = "resources/list",
+        ResourceRead = "resources/read",
+        PromptsList = "prompts/list",
+        PromptGet = "prompts/get",
+        /// `GET /openapi.json`: the REST projection of what the caller sees.
+        OpenApi = "openapi",
+        /// A tool call: refused, or `started` before it runs.
+        ToolCall = "tool.call",
+        /// How a call that ran ended.
+        ToolResult = "tool.result",
+        AuthRejected = "auth.rejected",
+        TokenIssued = "token.issued",
+        TokenRevoked = "token.revoked",
+        ClientAuthFailed = "client_auth.failed",
+        AdminChange = "admin.change",
+        AdminLogin = "admin.login",
+        AdminLogout = "admin.logout",
+        AuditExport = "audit.export",
+        Retention = "audit.retention",
+    }
+}
+
+text_enum! {
+    /// How an event ended.
+    Outcome {
+        Success = "success",
+        /// Not allowed: unknown or not granted (indistinguishable on purpose), a bad
+        /// credential, a refused token.
+        Denied = "denied",
+        RateLimited = "rate_limited",
+        /// The request was understood but its arguments or body are invalid.
+        InvalidArguments = "invalid_arguments",
+        /// A call is about to run (its result follows as `tool.result`).
+        Started = "started",
+        ToolError = "tool_error",
+        Timeout = "timeout",
+        Busy = "busy",
+        /// The request asked for something that does not exist for this caller.
+        NotFound = "not_found",
     }
 }
 
@@ -85,13 +170,26 @@ pub struct RequestOrigin {
     pub request_id: Option<String>,
 }
 
+tokio::task_local! {
+    static CURRENT_ORIGIN: RequestOrigin;
+}
+
+impl RequestOrigin {
+    /// Runs `f` with this origin as the current request's: control-plane changes recorded
+    /// deep in the service and database layers carry who-from-where without every function
+    /// on the way passing it along.
+    pub async fn scope<F: std::future::Future>(self, f: F) -> F::Output {
+        CURRENT_ORIGIN.scope(self, f).await
+    }
+}
+
 /// Drops audit partitions older than the retention period, and records that it did.
 pub async fn apply_retention(state: &crate::app::AppState) -> anyhow::Result<Vec<String>> {
     let cutoff =
         Utc::now() - chrono::Duration::days(i64::from(state.settings.audit_retention_days));
     let dropped = crate::db::audit::drop_partitions_before(&state.db, cutoff).await?;
     if !dropped.is_empty() {
-        let mut e = AuditEvent::new(kind::RETENTION, "success");
+        let mut e = AuditEvent::new(EventKind::Retention, Outcome::Success);
         e.admin_user = Some("toolgate".into());
         e.resource = Some("audit_events".into());
         e.details = Some(serde_json::json!({"dropped_partitions": dropped, "retention_days": state.settings.audit_retention_days, "cutoff": cutoff}).to_string());
@@ -99,19 +197,6 @@ pub async fn apply_retention(state: &crate::app::AppState) -> anyhow::Result<Vec
         tracing::info!(partitions = ?dropped, "dropped audit partitions past retention");
     }
     Ok(dropped)
-}
-
-/// Event types.
-pub mod kind {
-    pub const TOOLS_LIST: &str = "tools/list";
-    pub const TOOL_CALL: &str = "tool.call";
-    pub const TOOL_RESULT: &str = "tool.result";
-    pub const AUTH_REJECTED: &str = "auth.rejected";
-    pub const TOKEN_ISSUED: &str = "token.issued";
-    pub const TOKEN_REVOKED: &str = "token.revoked";
-    pub const CLIENT_AUTH_FAILED: &str = "client_auth.failed";
-    pub const ADMIN_CHANGE: &str = "admin.change";
-    pub const RETENTION: &str = "audit.retention";
 }
 
 /// Keys whose values are always redacted, in any group, at any depth.
@@ -133,11 +218,19 @@ pub struct AuditPolicy {
 
 /// A copy of `args` with secrets replaced by `[REDACTED]`.
 pub fn redact(args: &Value, policy: &AuditPolicy) -> Value {
+    redact_collect(args, policy).0
+}
+
+/// [`redact`], and the values it took out (every string or scalar under a redacted key), so
+/// that what a tool says back can be scrubbed of them with [`scrub`].
+pub fn redact_collect(args: &Value, policy: &AuditPolicy) -> (Value, Vec<String>) {
     let mut out = args.clone();
+    let mut secrets = Vec::new();
     for rule in &policy.redact {
         if rule.starts_with('/')
             && let Some(v) = out.pointer_mut(rule)
         {
+            collect_leaves(v, &mut secrets);
             *v = Value::String(REDACTED.into());
         }
     }
@@ -147,25 +240,70 @@ pub fn redact(args: &Value, policy: &AuditPolicy) -> Value {
         .filter(|r| !r.starts_with('/'))
         .map(|r| r.to_lowercase())
         .collect();
-    redact_keys(&mut out, &keys);
-    out
+    redact_keys(&mut out, &keys, &mut secrets);
+    secrets.retain(|s| !s.is_empty() && s != REDACTED);
+    secrets.sort();
+    secrets.dedup();
+    (out, secrets)
 }
 
-fn redact_keys(v: &mut Value, extra: &[String]) {
+fn collect_leaves(v: &Value, into: &mut Vec<String>) {
+    match v {
+        Value::String(s) => into.push(s.clone()),
+        Value::Number(n) => into.push(n.to_string()),
+        Value::Bool(_) | Value::Null => {}
+        Value::Array(items) => items.iter().for_each(|i| collect_leaves(i, into)),
+        Value::Object(map) => map.values().for_each(|i| collect_leaves(i, into)),
+    }
+}
+
+fn redact_keys(v: &mut Value, extra: &[String], secrets: &mut Vec<String>) {
     match v {
         Value::Object(map) => {
             for (k, val) in map.iter_mut() {
                 let lower = k.to_lowercase();
                 if ALWAYS_REDACTED.iter().any(|s| lower.contains(s)) || extra.contains(&lower) {
+                    collect_leaves(val, secrets);
                     *val = Value::String(REDACTED.into());
                 } else {
-                    redact_keys(val, extra);
+                    redact_keys(val, extra, secrets);
                 }
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(|i| redact_keys(i, extra)),
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|i| redact_keys(i, extra, secrets)),
         _ => {}
     }
+}
+
+/// Secrets shorter than this cannot be replaced inside free text without mangling it (a
+/// one-letter password is in every word): text that contains one is withheld instead.
+const MIN_SCRUBBABLE: usize = 4;
+
+/// `text` (a tool's stderr, error or result) with every value of `secrets` replaced by
+/// `[REDACTED]`, raw or JSON-escaped (a script that echoes its input prints the escaped form).
+pub fn scrub(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_owned();
+    for secret in secrets {
+        let escaped = serde_json::to_string(secret).unwrap_or_default();
+        let escaped = escaped.trim_matches('"');
+        for form in [secret.as_str(), escaped] {
+            if form.is_empty() || !out.contains(form) {
+                continue;
+            }
+            if form.len() < MIN_SCRUBBABLE {
+                return "[withheld: it may repeat an argument that is redacted]".to_owned();
+            }
+            out = out.replace(form, REDACTED);
+        }
+    }
+    out
+}
+
+/// `s` cut to a length fit for an indexed audit column (a resource name, a route).
+pub fn bounded(s: &str) -> String {
+    s.chars().take(512).collect()
 }
 
 #[cfg(test)]
@@ -185,5 +323,21 @@ mod tests {
             r,
             json!({"q": "x", "api_token": REDACTED, "nested": {"Password": REDACTED, "ok": 1}, "card": {"number": REDACTED}, "SSN": REDACTED})
         );
+    }
+
+    #[test]
+    fn what_a_tool_echoes_is_scrubbed_of_redacted_values() {
+        let args = json!({"user": "ann", "password": "hunter2\"x", "pin": 12345, "short": {"token": "ab"}});
+        let (_, secrets) = redact_collect(&args, &AuditPolicy::default());
+        let echoed = format!("got {}", serde_json::to_string(&args).unwrap());
+        let clean = scrub(&echoed, &secrets);
+        assert!(!clean.contains("hunter2"), "{clean}");
+        // `ab` is too short to replace inside text: the text is withheld instead.
+        assert!(clean.starts_with("[withheld"), "{clean}");
+        let clean = scrub(
+            "password was hunter2\"x, pin 12345",
+            &["hunter2\"x".to_owned(), "12345".to_owned()],
+        );
+        assert_eq!(clean, "password was [REDACTED], pin [REDACTED]");
     }
 }

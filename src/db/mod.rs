@@ -122,7 +122,11 @@ pub async fn record_change(
     before: Option<serde_json::Value>,
     after: Option<serde_json::Value>,
 ) -> sqlx::Result<()> {
-    let mut event = crate::audit::AuditEvent::new(crate::audit::kind::ADMIN_CHANGE, "success");
+    let mut event = crate::audit::AuditEvent::new(
+        crate::audit::EventKind::AdminChange,
+        crate::audit::Outcome::Success,
+    )
+    .from_current_origin();
     event.admin_user = Some(actor.to_owned());
     event.resource = Some(resource.to_owned());
     event.details =

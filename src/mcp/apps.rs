@@ -13,7 +13,7 @@ use rmcp::ErrorData as McpError;
 use rmcp::model::{ReadResourceResult, Resource, ResourceContents};
 
 use crate::app::AppState;
-use crate::policy::snapshot::{PolicySnapshot, Principal};
+use crate::gate::Gate;
 use crate::pool::{Execution, Tool};
 
 /// The MIME type of an MCP App's HTML.
@@ -24,16 +24,15 @@ pub const UI_EXTENSION: &str = "io.modelcontextprotocol/ui";
 const MAX_UI_BYTES: u64 = 2 * 1024 * 1024;
 
 /// The UI resources `principal` may read, each with a tool that links to it.
-pub fn visible_ui(snapshot: &PolicySnapshot, principal: &Principal) -> BTreeMap<String, Arc<Tool>> {
-    snapshot
-        .visible(principal)
+pub fn visible_ui(gate: &Gate<'_>) -> BTreeMap<String, Arc<Tool>> {
+    gate.visible()
         .into_iter()
         .filter_map(|t| t.ui_resource().map(|uri| (uri, t)))
         .collect()
 }
 
-pub fn resources(snapshot: &PolicySnapshot, principal: &Principal) -> Vec<Resource> {
-    visible_ui(snapshot, principal)
+pub fn resources(gate: &Gate<'_>) -> Vec<Resource> {
+    visible_ui(gate)
         .into_iter()
         .map(|(uri, tool)| {
             Resource::new(uri, format!("{} UI", tool.name))
@@ -43,16 +42,14 @@ pub fn resources(snapshot: &PolicySnapshot, principal: &Principal) -> Vec<Resour
         .collect()
 }
 
-/// Reads a `ui://` resource for `principal`; anything it may not read is "not found".
+/// Reads a `ui://` resource for the gate's caller; anything it may not read is "not found".
 pub async fn read(
     state: &AppState,
-    principal: &Principal,
+    gate: &Gate<'_>,
     uri: &str,
 ) -> Result<ReadResourceResult, McpError> {
     let not_found = || McpError::resource_not_found(format!("Resource not found: {uri}"), None);
-    let tool = visible_ui(&state.policy.load(), principal)
-        .remove(uri)
-        .ok_or_else(not_found)?;
+    let tool = visible_ui(gate).remove(uri).ok_or_else(not_found)?;
     match &tool.exec {
         Execution::Script(spec) => {
             let rel = tool.ui.as_deref().ok_or_else(not_found)?;

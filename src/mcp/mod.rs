@@ -18,12 +18,13 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
 use crate::app::AppState;
-use crate::audit::{AuditEvent, RequestOrigin, kind};
-use crate::calls::{self, CallRefused, Surface};
-use crate::policy::snapshot::{Discovery, PolicySnapshot, Principal};
+use crate::audit::{EventKind, Outcome, RequestOrigin};
+use crate::gate::{Gate, Refused, Surface};
+use crate::policy::snapshot::{Discovery, Principal};
 use crate::search;
 
 pub mod apps;
+mod jsonrpc;
 
 /// Largest JSON-RPC request body accepted on `/mcp`.
 const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
@@ -42,6 +43,9 @@ pub fn router(state: AppState) -> Router<AppState> {
         move || {
             Ok(Gateway {
                 state: handler_state.clone(),
+                // The SDK asks the handler for tool definitions outside any request context
+                // (`Mcp-Param-*` header checks); this is the caller it must answer for.
+                caller: CALLER.try_with(Clone::clone).ok(),
             })
         },
         Arc::new(NeverSessionManager::default()),
@@ -49,6 +53,9 @@ pub fn router(state: AppState) -> Router<AppState> {
     );
     Router::new()
         .nest_service("/mcp", service)
+        // Inside authentication: a stranger learns nothing from how a body is malformed.
+        .layer(axum::middleware::from_fn(jsonrpc::guard))
+        .layer(axum::middleware::from_fn(with_caller))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::http::require_agent,
@@ -60,10 +67,16 @@ pub fn router(state: AppState) -> Router<AppState> {
         ))
 }
 
-/// One `ServerHandler` per request; it holds only the shared state.
+tokio::task_local! {
+    /// The authenticated caller of the request being served, for the SDK's handler factory.
+    static CALLER: Principal;
+}
+
+/// One `ServerHandler` per request; it holds the shared state and the request's caller.
 #[derive(Clone)]
 pub struct Gateway {
     state: AppState,
+    caller: Option<Principal>,
 }
 
 fn principal(ctx: &RequestContext<RoleServer>) -> Result<Principal, McpError> {
@@ -92,6 +105,24 @@ fn rate_limited(retry_after: std::time::Duration) -> McpError {
         format!("rate limited: retry after {ms} ms"),
         Some(serde_json::json!({"retry_after_ms": ms})),
     )
+}
+
+fn refused(r: Refused) -> McpError {
+    match r {
+        Refused::RateLimited { retry_after } => rate_limited(retry_after),
+        Refused::AuditUnavailable(_) => audit_unavailable(),
+        Refused::UnknownTool(name) => {
+            McpError::invalid_params(format!("Unknown tool: {name}"), None)
+        }
+        Refused::InvalidArguments { tool, violations } => McpError::invalid_params(
+            format!(
+                "invalid arguments for {}: {}",
+                tool.name,
+                violations.join("; ")
+            ),
+            None,
+        ),
+    }
 }
 
 fn audit_unavailable() -> McpError {
@@ -134,25 +165,18 @@ impl ServerHandler for Gateway {
         request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let principal = principal(&ctx)?;
-        let origin = origin(&ctx);
-        let snapshot = self.state.policy.load();
-        self.check_agent_limit(&snapshot, &principal, kind::TOOLS_LIST, origin.as_ref())
-            .await?;
-        let visible = snapshot.visible(&principal);
+        let (principal, origin) = caller(&ctx)?;
+        let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
+        gate.admit(EventKind::ToolsList).map_err(refused)?;
+        let visible = gate.visible();
         let after = match request.and_then(|r| r.cursor).filter(|c| !c.is_empty()) {
             Some(c) => Some(decode_cursor(&c)?),
             None => None,
         };
         let page_size = self.state.settings.page_size;
-        let discovery =
-            snapshot.effective_discovery(&principal, self.state.settings.search_token_budget);
+        let discovery = gate.discovery();
         let (tools, more) = if discovery == Discovery::Search {
-            let pinned = snapshot
-                .agent(&principal.agent)
-                .map(|a| a.record.pinned.as_slice())
-                .unwrap_or_default();
-            let listed = search::search_listing(pinned, &visible);
+            let listed = search::search_listing(gate.pinned(), &visible);
             let (p, more) = page(&listed, |t| &t.name, after.as_deref(), page_size);
             (p.to_vec(), more)
         } else {
@@ -167,26 +191,27 @@ impl ServerHandler for Gateway {
         if more && let Some(last) = shown.last() {
             result.next_cursor = Some(encode_cursor(last));
         }
-        let mut e = AuditEvent::new(kind::TOOLS_LIST, "success").from_origin(origin.as_ref());
-        e.agent = Some(principal.agent.clone());
-        e.client_id = Some(principal.client_id.clone());
-        e.jti = principal.jti.map(|j| j.to_string());
-        e.details = Some(json!({"shown": shown, "discovery": discovery.as_str()}).to_string());
-        // A list runs nothing: its event is queued in the same group-commit writer but the list
-        // does not wait for the commit (a call does). Listing stays sub-millisecond.
-        self.state.audit.record_detached(e);
+        gate.disclosed(
+            EventKind::ToolsList,
+            Outcome::Success,
+            json!({"shown": shown, "discovery": discovery.as_str()}),
+        );
         Ok(result)
     }
 
     fn get_tool(&self, name: &str) -> Option<rmcp::model::Tool> {
-        // Used by the SDK only for `Mcp-Param-*` header checks; authorization is in call_tool.
-        self.state
-            .policy
-            .load()
-            .catalog
-            .get(name)
-            .map(|t| t.mcp_definition())
-            .or_else(|| search::meta_tool(name).cloned())
+        // The SDK checks `Mcp-Param-*` headers against this definition before the call is
+        // dispatched: it must answer for the caller's visibility exactly as the call will,
+        // or an ungranted tool could be told from a missing one by the error it gets.
+        let principal = self.caller.as_ref()?;
+        let gate = Gate::new(&self.state, principal, Surface::Mcp, None);
+        if search::is_meta_tool(name) {
+            return gate
+                .has_meta_tools()
+                .then(|| search::meta_tool(name).cloned())
+                .flatten();
+        }
+        gate.resolve(name).map(|t| t.mcp_definition())
     }
 
     async fn call_tool(
@@ -194,43 +219,34 @@ impl ServerHandler for Gateway {
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let principal = principal(&ctx)?;
-        let origin = origin(&ctx);
-        if search::is_meta_tool(&request.name) {
-            let snapshot = self.state.policy.load();
-            // The meta-tools exist for agents configured for search or auto (even while auto
-            // lists in full, so that a client holding a list from before a grant change still
-            // works); a `full` agent has none, and calling one is calling an unknown tool.
-            let searches = snapshot
-                .agent(&principal.agent)
-                .is_some_and(|a| a.record.discovery != Discovery::Full);
-            if searches {
-                let args = request.arguments.unwrap_or_default();
-                return if request.name == search::SEARCH_TOOLS {
-                    self.search_tools(&snapshot, &principal, &args, origin.as_ref())
-                        .await
-                } else {
-                    drop(snapshot);
-                    match search::parse_call(&args) {
-                        Ok(c) => {
-                            self.call(&principal, &c.name, c.arguments, origin.as_ref(), true)
-                                .await
-                        }
-                        Err(message) => Ok(tool_error(message)),
-                    }
-                };
-            }
+        let (principal, origin) = caller(&ctx)?;
+        let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
+        // The meta-tools exist for agents configured for search or auto (even while auto
+        // lists in full, so that a client holding a list from before a grant change still
+        // works); a `full` agent has none, and calling one is calling an unknown tool.
+        if search::is_meta_tool(&request.name) && gate.has_meta_tools() {
+            let args = request.arguments.unwrap_or_default();
+            return if request.name == search::SEARCH_TOOLS {
+                search_tools(&gate, &args)
+            } else {
+                match search::parse_call(&args) {
+                    Ok(c) => call(&gate, &c.name, c.arguments, true).await,
+                    Err(message) => Ok(tool_error(message)),
+                }
+            };
         }
         let args = Value::Object(request.arguments.unwrap_or_default());
-        self.call(&principal, &request.name, args, origin.as_ref(), false)
-            .await
+        call(&gate, &request.name, args, false).await
     }
 
     async fn list_prompts(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _ctx: RequestContext<RoleServer>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
+        let (principal, origin) = caller(&ctx)?;
+        let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
+        gate.admit(EventKind::PromptsList).map_err(refused)?;
         Ok(ListPromptsResult::with_all_items(Vec::new())
             .with_ttl_ms(0)
             .with_cache_scope(CacheScope::Private))
@@ -241,8 +257,15 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        let principal = principal(&ctx)?;
-        let resources = apps::resources(&self.state.policy.load(), &principal);
+        let (principal, origin) = caller(&ctx)?;
+        let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
+        gate.admit(EventKind::ResourcesList).map_err(refused)?;
+        let resources = apps::resources(&gate);
+        gate.disclosed(
+            EventKind::ResourcesList,
+            Outcome::Success,
+            json!({"shown": resources.iter().map(|r| r.uri.as_str()).collect::<Vec<_>>()}),
+        );
         Ok(ListResourcesResult::with_all_items(resources)
             .with_ttl_ms(0)
             .with_cache_scope(CacheScope::Private))
@@ -251,9 +274,13 @@ impl ServerHandler for Gateway {
     async fn get_prompt(
         &self,
         request: rmcp::model::GetPromptRequestParams,
-        _ctx: RequestContext<RoleServer>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetPromptResponse, McpError> {
+        let (principal, origin) = caller(&ctx)?;
+        let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
+        gate.admit(EventKind::PromptGet).map_err(refused)?;
         // The gateway serves no prompts; the list is advertised (empty) for caching clients.
+        gate.not_found(EventKind::PromptGet, &format!("prompt:{}", request.name));
         Err(McpError::invalid_params(
             format!("Prompt not found: {}", request.name),
             Some(json!({"name": request.name})),
@@ -265,12 +292,26 @@ impl ServerHandler for Gateway {
         request: rmcp::model::ReadResourceRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResponse, McpError> {
-        let principal = principal(&ctx)?;
-        let result = apps::read(&self.state, &principal, &request.uri).await?;
-        Ok(result
-            .with_ttl_ms(0)
-            .with_cache_scope(CacheScope::Private)
-            .into())
+        let (principal, origin) = caller(&ctx)?;
+        let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
+        gate.admit(EventKind::ResourceRead).map_err(refused)?;
+        match apps::read(&self.state, &gate, &request.uri).await {
+            Ok(result) => {
+                gate.disclosed(
+                    EventKind::ResourceRead,
+                    Outcome::Success,
+                    json!({"uri": crate::audit::bounded(&request.uri)}),
+                );
+                Ok(result
+                    .with_ttl_ms(0)
+                    .with_cache_scope(CacheScope::Private)
+                    .into())
+            }
+            Err(e) => {
+                gate.not_found(EventKind::ResourceRead, &request.uri);
+                Err(e)
+            }
+        }
     }
 
     async fn initialize(
@@ -278,9 +319,12 @@ impl ServerHandler for Gateway {
         request: rmcp::model::InitializeRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::InitializeResult, McpError> {
+        let (principal, origin) = caller(&ctx)?;
+        let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
+        gate.admit(EventKind::Initialize).map_err(refused)?;
         ctx.peer.set_peer_info(request.clone());
         let mut info = self.negotiate_initialize(&request)?;
-        self.advertise_apps(&mut info, &ctx);
+        advertise_apps(&gate, &mut info);
         Ok(info)
     }
 
@@ -288,8 +332,11 @@ impl ServerHandler for Gateway {
         &self,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::DiscoverResult, McpError> {
+        let (principal, origin) = caller(&ctx)?;
+        let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
+        gate.admit(EventKind::Initialize).map_err(refused)?;
         let mut info = self.get_info();
-        self.advertise_apps(&mut info, &ctx);
+        advertise_apps(&gate, &mut info);
         Ok(rmcp::model::DiscoverResult::from_server_info(
             self.supported_protocol_versions().into_owned(),
             info,
@@ -299,135 +346,108 @@ impl ServerHandler for Gateway {
     async fn list_resource_templates(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _ctx: RequestContext<RoleServer>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
+        let (principal, origin) = caller(&ctx)?;
+        let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
+        gate.admit(EventKind::ResourcesList).map_err(refused)?;
         Ok(ListResourceTemplatesResult::with_all_items(Vec::new())
             .with_ttl_ms(0)
             .with_cache_scope(CacheScope::Private))
     }
 }
 
-impl Gateway {
-    /// Advertises the MCP Apps extension to a caller that can see a tool with a UI.
-    fn advertise_apps(&self, info: &mut ServerConfig, ctx: &RequestContext<RoleServer>) {
-        let Ok(principal) = principal(ctx) else {
-            return;
-        };
-        if apps::visible_ui(&self.state.policy.load(), &principal).is_empty() {
-            return;
-        }
-        let mut ui = serde_json::Map::new();
-        ui.insert("mimeTypes".into(), json!([apps::UI_MIME]));
-        info.capabilities
-            .extensions
-            .get_or_insert_with(Default::default)
-            .insert(apps::UI_EXTENSION.to_owned(), ui);
-    }
-    /// Takes one request from the agent's own limits (not a tool's); refused requests are
-    /// audited as `event_type`.
-    async fn check_agent_limit(
-        &self,
-        snapshot: &PolicySnapshot,
-        principal: &Principal,
-        event_type: &str,
-        origin: Option<&RequestOrigin>,
-    ) -> Result<(), McpError> {
-        let Some(agent) = snapshot.agent(&principal.agent) else {
-            return Ok(());
-        };
-        let Err(wait) = self.state.limits.check(agent, None) else {
-            return Ok(());
-        };
-        let mut e = AuditEvent::new(event_type, "rate_limited").from_origin(origin);
-        e.agent = Some(principal.agent.clone());
-        e.client_id = Some(principal.client_id.clone());
-        self.state
-            .audit
-            .record(e)
-            .await
-            .map_err(|_| audit_unavailable())?;
-        Err(rate_limited(wait))
-    }
+fn caller(
+    ctx: &RequestContext<RoleServer>,
+) -> Result<(Principal, Option<RequestOrigin>), McpError> {
+    Ok((principal(ctx)?, origin(ctx)))
+}
 
-    /// A tool call, direct or through `call_tool` (`via_meta`): always the shared call path,
-    /// so grants, limits, validation and audit are the same either way. Through `call_tool` an
-    /// unknown name is the meta-tool's error (the model reads it), not a protocol error.
-    async fn call(
-        &self,
-        principal: &Principal,
-        name: &str,
-        args: Value,
-        origin: Option<&RequestOrigin>,
-        via_meta: bool,
-    ) -> Result<CallToolResponse, McpError> {
-        match calls::call(&self.state, principal, name, args, Surface::Mcp, origin).await {
-            Err(CallRefused::RateLimited { retry_after }) => Err(rate_limited(retry_after)),
-            Err(CallRefused::AuditUnavailable(_)) => Err(audit_unavailable()),
-            Err(CallRefused::UnknownTool(name)) if via_meta => Ok(tool_error(format!(
-                "Unknown tool: {name}. Use {} to find the tools you may call.",
-                search::SEARCH_TOOLS
-            ))),
-            Err(CallRefused::UnknownTool(name)) => Err(McpError::invalid_params(
-                format!("Unknown tool: {name}"),
-                None,
-            )),
-            Err(CallRefused::InvalidArguments { tool, violations }) => {
-                let text = format!(
-                    "invalid arguments for {}:\n{}",
-                    tool.name,
-                    violations
-                        .iter()
-                        .map(|v| format!("- {v}"))
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                );
-                Ok(tool_error(text))
-            }
-            Ok(done) => Ok(done.outcome.into_mcp_result().into()),
-        }
+/// Advertises the MCP Apps extension to a caller that can see a tool with a UI.
+fn advertise_apps(gate: &Gate<'_>, info: &mut ServerConfig) {
+    if apps::visible_ui(gate).is_empty() {
+        return;
     }
+    let mut ui = serde_json::Map::new();
+    ui.insert("mimeTypes".into(), json!([apps::UI_MIME]));
+    info.capabilities
+        .extensions
+        .get_or_insert_with(Default::default)
+        .insert(apps::UI_EXTENSION.to_owned(), ui);
+}
 
-    /// `search_tools`: BM25 over the caller's visible tools only; the hits' definitions as
-    /// `structuredContent` and the same JSON as text.
-    async fn search_tools(
-        &self,
-        snapshot: &PolicySnapshot,
-        principal: &Principal,
-        args: &serde_json::Map<String, Value>,
-        origin: Option<&RequestOrigin>,
-    ) -> Result<CallToolResponse, McpError> {
-        self.check_agent_limit(snapshot, principal, search::TOOLS_SEARCH, origin)
-            .await?;
-        let request = match search::parse_search(args) {
-            Ok(r) => r,
-            Err(message) => return Ok(tool_error(message)),
-        };
-        let visible = snapshot.visible(principal);
-        let hits = snapshot
-            .search_index()
-            .search(&visible, &request.query, request.limit);
-        let body = search::results_body(&hits);
-        // What was disclosed, like `tools/list`; not the query, which is the agent's words.
-        let mut e = AuditEvent::new(search::TOOLS_SEARCH, "success").from_origin(origin);
-        e.agent = Some(principal.agent.clone());
-        e.client_id = Some(principal.client_id.clone());
-        e.jti = principal.jti.map(|j| j.to_string());
-        e.details = Some(
-            json!({
-                "shown": hits.iter().map(|h| h.tool.name.as_str()).collect::<Vec<_>>(),
-                "limit": request.limit,
-            })
-            .to_string(),
-        );
-        self.state
-            .audit
-            .record(e)
-            .await
-            .map_err(|_| audit_unavailable())?;
-        let text = body.to_string();
-        let mut result = CallToolResult::structured(body);
-        result.content = vec![ContentBlock::text(text)];
-        Ok(result.into())
+/// A tool call, direct or through `call_tool` (`via_meta`): always the core path, so grants,
+/// limits, validation and audit are the same either way. Through `call_tool` an unknown name
+/// is the meta-tool's error (the model reads it), not a protocol error.
+async fn call(
+    gate: &Gate<'_>,
+    name: &str,
+    args: Value,
+    via_meta: bool,
+) -> Result<CallToolResponse, McpError> {
+    match gate.call(name, args).await {
+        Err(Refused::UnknownTool(name)) if via_meta => Ok(tool_error(format!(
+            "Unknown tool: {name}. Use {} to find the tools you may call.",
+            search::SEARCH_TOOLS
+        ))),
+        Err(Refused::InvalidArguments { tool, violations }) => {
+            let text = format!(
+                "invalid arguments for {}:\n{}",
+                tool.name,
+                violations
+                    .iter()
+                    .map(|v| format!("- {v}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            Ok(tool_error(text))
+        }
+        Err(r) => Err(refused(r)),
+        Ok(done) => Ok(done.outcome.into_mcp_result().into()),
+    }
+}
+
+/// `search_tools`: BM25 over the caller's visible tools only; the hits' definitions as
+/// `structuredContent` and the same JSON as text.
+fn search_tools(
+    gate: &Gate<'_>,
+    args: &serde_json::Map<String, Value>,
+) -> Result<CallToolResponse, McpError> {
+    gate.admit(EventKind::ToolsSearch).map_err(refused)?;
+    let request = match search::parse_search(args) {
+        Ok(r) => r,
+        Err(message) => return Ok(tool_error(message)),
+    };
+    let visible = gate.visible();
+    let hits = gate
+        .snapshot()
+        .search_index()
+        .search(&visible, &request.query, request.limit);
+    let body = search::results_body(&hits);
+    // What was disclosed, like `tools/list`; not the query, which is the agent's words.
+    gate.disclosed(
+        EventKind::ToolsSearch,
+        Outcome::Success,
+        json!({
+            "shown": hits.iter().map(|h| h.tool.name.as_str()).collect::<Vec<_>>(),
+            "limit": request.limit,
+        }),
+    );
+    let text = body.to_string();
+    let mut result = CallToolResult::structured(body);
+    result.content = vec![ContentBlock::text(text)];
+    Ok(result.into())
+}
+
+/// Serves the request inside `CALLER`'s scope, so that the SDK's handler factory (which runs
+/// in this task) knows who it answers for.
+pub async fn with_caller(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    match req.extensions().get::<Principal>().cloned() {
+        Some(p) => CALLER.scope(p, next.run(req)).await,
+        None => next.run(req).await,
     }
 }
 

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use crate::app::AppState;
-use crate::audit::{AuditEvent, kind};
+use crate::audit::{AuditEvent, EventKind, Outcome};
 use crate::auth::token::{AccessClaims, sign};
 use crate::auth::{keys, secrets};
 use crate::db;
@@ -361,8 +361,8 @@ async fn token(
     if let Some(ip) = ip
         && let Err(wait) = state.limits.check_token_ip(ip)
     {
-        let mut e =
-            AuditEvent::new(kind::CLIENT_AUTH_FAILED, "rate_limited").from_origin(origin.as_ref());
+        let mut e = AuditEvent::new(EventKind::ClientAuthFailed, Outcome::RateLimited)
+            .from_origin(origin.as_ref());
         e.client_id = form.get("client_id").cloned();
         state.audit.record_detached(e);
         let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
@@ -375,7 +375,8 @@ async fn token(
     }
     match issue_token(&state, &headers, &form).await {
         Ok((body, claims)) => {
-            let mut e = AuditEvent::new(kind::TOKEN_ISSUED, "success").from_origin(origin.as_ref());
+            let mut e = AuditEvent::new(EventKind::TokenIssued, Outcome::Success)
+                .from_origin(origin.as_ref());
             e.agent = Some(claims.sub.clone());
             e.client_id = Some(claims.client_id.clone());
             e.jti = Some(claims.jti.clone());
@@ -402,11 +403,11 @@ async fn token(
         }
         Err(err) => {
             let kind_ = if err.error == "invalid_client" {
-                kind::CLIENT_AUTH_FAILED
+                EventKind::ClientAuthFailed
             } else {
-                kind::TOKEN_ISSUED
+                EventKind::TokenIssued
             };
-            let mut e = AuditEvent::new(kind_, "denied").from_origin(origin.as_ref());
+            let mut e = AuditEvent::new(kind_, Outcome::Denied).from_origin(origin.as_ref());
             e.client_id = form
                 .get("client_id")
                 .cloned()
@@ -595,17 +596,6 @@ async fn introspect(
     }
 }
 
-fn scopes_supported(state: &AppState) -> Vec<String> {
-    state
-        .policy
-        .load()
-        .catalog
-        .group_names()
-        .into_iter()
-        .map(|g| format!("tools:{g}"))
-        .collect()
-}
-
 async fn as_metadata(State(state): State<AppState>) -> Json<Value> {
     let i = &state.settings.issuer;
     Json(json!({
@@ -618,7 +608,9 @@ async fn as_metadata(State(state): State<AppState>) -> Json<Value> {
         "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt"],
         "token_endpoint_auth_signing_alg_values_supported": ["EdDSA", "RS256", "ES256", "PS256"],
         "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt"],
-        "scopes_supported": scopes_supported(&state),
+        // No `scopes_supported`: listing every group would tell any stranger what the
+        // catalog holds. Scopes are `tools:<group>` or `tools:<group>__<tool>`; an agent
+        // learns its own tools from `tools/list`.
         "response_types_supported": [],
         // Required by MCP clients' metadata models; it answers unsupported_response_type.
         "authorization_endpoint": format!("{i}/oauth/authorize"),
@@ -631,7 +623,6 @@ async fn resource_metadata(State(state): State<AppState>) -> Json<Value> {
         "resource_name": "toolgate",
         "authorization_servers": [state.settings.issuer],
         "bearer_methods_supported": ["header"],
-        "scopes_supported": scopes_supported(&state),
     }))
 }
 

@@ -12,10 +12,11 @@ use axum::{Extension, Json, Router};
 use serde_json::{Map, Value, json};
 
 use crate::app::AppState;
-use crate::calls::{self, CallRefused, Surface};
+use crate::audit::{EventKind, Outcome, RequestOrigin};
+use crate::gate::{self, Gate, Refused, Surface};
 use crate::policy::snapshot::Principal;
+use crate::pool::Tool;
 use crate::pool::runner::ScriptOutcome;
-use crate::pool::{Catalog, Tool};
 
 /// Largest request body accepted by a REST tool endpoint.
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -43,9 +44,11 @@ fn not_found() -> Response {
     problem(StatusCode::NOT_FOUND, json!({"error": "unknown tool"}))
 }
 
-/// Finds the operation a method and path address, with the path parameters it binds.
+/// Finds the operation a method and path address among the tools the caller may see, with
+/// the path parameters it binds. Only visible tools are routed: an ungranted operation is
+/// not found before its body, its content type or its size is looked at.
 fn route<'c>(
-    catalog: &'c Catalog,
+    visible: &'c [std::sync::Arc<Tool>],
     method: &Method,
     path: &str,
 ) -> Option<(&'c std::sync::Arc<Tool>, Map<String, Value>)> {
@@ -54,7 +57,7 @@ fn route<'c>(
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    catalog.tools().filter(|t| t.group == group).find_map(|t| {
+    visible.iter().filter(|t| t.group == group).find_map(|t| {
         let binding = t.http.as_ref()?;
         if binding.method != *method {
             return None;
@@ -127,15 +130,73 @@ async fn call_operation(
     req: Request,
 ) -> Response {
     let (parts, body) = req.into_parts();
-    let snapshot = state.policy.load();
-    let Some((tool, path_params)) = route(&snapshot.catalog, &parts.method, parts.uri.path())
-    else {
-        return not_found();
+    let origin = parts.extensions.get::<RequestOrigin>().cloned();
+    let gate = Gate::new(&state, &principal, Surface::Rest, origin.as_ref());
+    let visible = gate.visible();
+    let Some((tool, path_params)) = route(&visible, &parts.method, parts.uri.path()) else {
+        return refused(gate.unknown_tool(parts.uri.path()).await);
     };
-    let tool = tool.clone();
-    drop(snapshot);
+    let admitted = match gate.admit_call(tool.name.as_str()).await {
+        Ok(a) => a,
+        Err(r) => return refused(r),
+    };
+    // Read only now that the caller is known to be allowed, and limited: what the body says
+    // (or that it is too large, or not JSON) is audited and counted like any bad arguments.
+    let (args, status) = match read_arguments(tool, path_params, &parts, body).await {
+        Ok(args) => (Ok(args), StatusCode::BAD_REQUEST),
+        Err((status, message)) => (Err(vec![message]), status),
+    };
+    match gate.run(admitted, args).await {
+        Err(Refused::InvalidArguments { violations, .. }) if status != StatusCode::BAD_REQUEST => {
+            problem(
+                status,
+                json!({"error": violations.join("; "), "violations": violations}),
+            )
+        }
+        Err(r) => refused(r),
+        Ok(done) => match done.outcome {
+            gate::Outcome::Script(o) => outcome_response(o),
+            gate::Outcome::Upstream(r) => upstream_response(r),
+        },
+    }
+}
+
+/// The answer to a request the gate refused.
+fn refused(r: Refused) -> Response {
+    match r {
+        Refused::UnknownTool(_) => not_found(),
+        Refused::RateLimited { retry_after } => {
+            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, secs.to_string())],
+                Json(json!({"error": "rate limited", "retry_after_ms": retry_after.as_millis() as u64})),
+            )
+                .into_response()
+        }
+        Refused::AuditUnavailable(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1".to_owned())],
+            Json(json!({"error": "the audit log is unavailable, so the request was not served; retry shortly"})),
+        )
+            .into_response(),
+        Refused::InvalidArguments { violations, .. } => problem(
+            StatusCode::BAD_REQUEST,
+            json!({"error": "invalid arguments", "violations": violations}),
+        ),
+    }
+}
+
+/// The merged parameter object of a REST request (path + query + body), or the status and
+/// message of why it cannot be read.
+async fn read_arguments(
+    tool: &Tool,
+    path_params: Map<String, Value>,
+    parts: &axum::http::request::Parts,
+    body: axum::body::Body,
+) -> Result<Value, (StatusCode, String)> {
     let Some(binding) = tool.http.as_ref() else {
-        return not_found();
+        return Err((StatusCode::NOT_FOUND, "unknown tool".into()));
     };
     let props = tool
         .input_schema
@@ -168,23 +229,22 @@ async fn call_operation(
             }
         }
     }
-    let bytes: Bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
-        Ok(b) => b,
-        Err(_) => {
-            return problem(
+    let bytes: Bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| {
+            (
                 StatusCode::PAYLOAD_TOO_LARGE,
-                json!({"error": format!("request body exceeds {MAX_BODY_BYTES} bytes")}),
-            );
-        }
-    };
+                format!("request body exceeds {MAX_BODY_BYTES} bytes"),
+            )
+        })?;
     if !bytes.iter().all(u8::is_ascii_whitespace) {
         if binding.body_params.is_empty()
             && !matches!(parts.method, Method::POST | Method::PUT | Method::PATCH)
         {
-            return problem(
+            return Err((
                 StatusCode::BAD_REQUEST,
-                json!({"error": "this operation takes no request body"}),
-            );
+                "this operation takes no request body".into(),
+            ));
         }
         let is_json = parts
             .headers
@@ -192,10 +252,10 @@ async fn call_operation(
             .and_then(|v| v.to_str().ok())
             .is_none_or(|ct| ct.starts_with("application/json"));
         if !is_json {
-            return problem(
+            return Err((
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                json!({"error": "the request body must be application/json"}),
-            );
+                "the request body must be application/json".into(),
+            ));
         }
         match serde_json::from_slice::<Value>(&bytes) {
             Ok(Value::Object(body)) => {
@@ -206,64 +266,26 @@ async fn call_operation(
                 }
             }
             Ok(_) => {
-                return problem(
+                return Err((
                     StatusCode::BAD_REQUEST,
-                    json!({"error": "the request body must be a JSON object"}),
-                );
+                    "the request body must be a JSON object".into(),
+                ));
             }
             Err(e) => {
-                return problem(
+                return Err((
                     StatusCode::BAD_REQUEST,
-                    json!({"error": format!("the request body is not valid JSON: {e}")}),
-                );
+                    format!("the request body is not valid JSON: {e}"),
+                ));
             }
         }
     }
-    if !twice.is_empty() {
-        return problem(
+    if let Some(k) = twice.first() {
+        return Err((
             StatusCode::BAD_REQUEST,
-            json!({"error": "invalid arguments", "violations": twice.iter().map(|k| format!("`{k}` is given more than once")).collect::<Vec<_>>()}),
-        );
+            format!("`{k}` is given more than once"),
+        ));
     }
-    let origin = parts
-        .extensions
-        .get::<crate::audit::RequestOrigin>()
-        .cloned();
-    match calls::call(
-        &state,
-        &principal,
-        tool.name.as_str(),
-        Value::Object(args),
-        Surface::Rest,
-        origin.as_ref(),
-    )
-    .await
-    {
-        Err(CallRefused::UnknownTool(_)) => not_found(),
-        Err(CallRefused::RateLimited { retry_after }) => {
-            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
-            (
-                StatusCode::TOO_MANY_REQUESTS,
-                [(header::RETRY_AFTER, secs.to_string())],
-                Json(json!({"error": "rate limited", "retry_after_ms": retry_after.as_millis() as u64})),
-            )
-                .into_response()
-        }
-        Err(CallRefused::AuditUnavailable(_)) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "1".to_owned())],
-            Json(json!({"error": "the audit log is unavailable, so the tool was not run; retry shortly"})),
-        )
-            .into_response(),
-        Err(CallRefused::InvalidArguments { violations, .. }) => problem(
-            StatusCode::BAD_REQUEST,
-            json!({"error": "invalid arguments", "violations": violations}),
-        ),
-        Ok(done) => match done.outcome {
-            crate::calls::Outcome::Script(o) => outcome_response(o),
-            crate::calls::Outcome::Upstream(r) => upstream_response(r),
-        },
-    }
+    Ok(Value::Object(args))
 }
 
 /// An upstream tool over REST: its structured result, or its content blocks; its failures
@@ -329,10 +351,17 @@ fn outcome_response(outcome: ScriptOutcome) -> Response {
 async fn openapi(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
+    origin: Option<Extension<RequestOrigin>>,
 ) -> Response {
-    let snapshot = state.policy.load();
+    let origin = origin.map(|Extension(o)| o);
+    let gate = Gate::new(&state, &principal, Surface::Rest, origin.as_ref());
+    if let Err(r) = gate.admit(EventKind::OpenApi) {
+        return refused(r);
+    }
     let mut paths: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
-    for tool in snapshot.visible(&principal) {
+    let mut shown = Vec::new();
+    for tool in gate.visible() {
+        shown.push(tool.name.as_str().to_owned());
         let Some(binding) = &tool.http else { continue };
         let mut op = binding.operation.clone();
         if let Value::Object(o) = &mut op {
@@ -345,6 +374,11 @@ async fn openapi(
             .or_default()
             .insert(binding.method.as_str().to_lowercase(), op);
     }
+    gate.disclosed(
+        EventKind::OpenApi,
+        Outcome::Success,
+        json!({"shown": shown}),
+    );
     Json(json!({
         "openapi": "3.1.0",
         "info": {"title": "toolgate", "version": env!("CARGO_PKG_VERSION"), "description": "The tools this caller may use."},

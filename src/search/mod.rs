@@ -5,7 +5,7 @@
 //! its pinned tools, and finds the rest by searching: `search_tools` ranks **only the caller's
 //! visible tools** (token prefixes ∩ live grants, [`PolicySnapshot::visible`]) and returns the
 //! matches' full definitions, which the model then calls by name, directly or through
-//! `call_tool`. Both reach [`crate::calls::call`], so grants, limits and audit are those of any
+//! `call_tool`. Both go through [`crate::gate::Gate`], so grants, limits and audit are those of any
 //! call. Nothing is stored between requests: the list and the results are pure functions of the
 //! token, the live grants and the catalog, in a deterministic order, so prompt caches hold.
 //!
@@ -48,8 +48,6 @@ pub const DEFAULT_LIMIT: usize = 5;
 pub const MAX_LIMIT: usize = 20;
 /// Default `--search-token-budget`: `auto` lists in full up to this many tokens.
 pub const DEFAULT_TOKEN_BUDGET: usize = 5000;
-/// Audit event type of a `search_tools` call (what was shown, like `tools/list`).
-pub const TOOLS_SEARCH: &str = "tools/search";
 
 /// Whether `name` is one of the meta-tools.
 pub fn is_meta_tool(name: &str) -> bool {

@@ -13,38 +13,10 @@ use super::view::{Ctx, Nav, PageCtx, pretty_json, render, when};
 use crate::app::AppState;
 use crate::audit::chain::ChainedEvent;
 use crate::audit::export::Format;
-use crate::audit::kind;
+use crate::audit::{EventKind, Outcome};
 use crate::db::audit::AuditFilter;
 
 const PAGE_SIZE: i64 = 50;
-
-/// Event types offered by the filter.
-const EVENT_TYPES: [&str; 12] = [
-    kind::TOOL_CALL,
-    kind::TOOL_RESULT,
-    kind::TOOLS_LIST,
-    kind::AUTH_REJECTED,
-    kind::TOKEN_ISSUED,
-    kind::TOKEN_REVOKED,
-    kind::CLIENT_AUTH_FAILED,
-    kind::ADMIN_CHANGE,
-    "admin.login",
-    "admin.logout",
-    "audit.export",
-    kind::RETENTION,
-];
-
-/// Outcomes offered by the filter.
-const OUTCOMES: [&str; 8] = [
-    "success",
-    "started",
-    "denied",
-    "rate_limited",
-    "invalid_arguments",
-    "tool_error",
-    "timeout",
-    "busy",
-];
 
 /// One row of an event table.
 pub struct EventRow {
@@ -268,8 +240,8 @@ pub async fn index(
         export_csv: format!("/admin/audit/export{}", with("format=csv")),
         export_jsonl: format!("/admin/audit/export{}", with("format=jsonl")),
         can_export: ctx.role().can_export(),
-        event_types: EVENT_TYPES.to_vec(),
-        outcomes: OUTCOMES.to_vec(),
+        event_types: EventKind::ALL.iter().map(|k| k.as_str()).collect(),
+        outcomes: Outcome::ALL.iter().map(|o| o.as_str()).collect(),
         agents: snapshot
             .agents()
             .iter()
@@ -407,8 +379,11 @@ pub async fn export(
         return Err(WebError::BadRequest(e));
     }
     // Who took a copy of the log, and of what, is itself part of the record.
-    let mut e = crate::audit::AuditEvent::new("audit.export", "success")
-        .from_origin(origin.as_ref().map(|Extension(o)| o));
+    let mut e = crate::audit::AuditEvent::new(
+        crate::audit::EventKind::AuditExport,
+        crate::audit::Outcome::Success,
+    )
+    .from_origin(origin.as_ref().map(|Extension(o)| o));
     e.admin_user = Some(ctx.admin.actor());
     e.resource = Some("audit_events".into());
     e.details =

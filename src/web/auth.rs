@@ -16,7 +16,7 @@ use super::session::{
 };
 use super::view::render_status;
 use crate::app::AppState;
-use crate::audit::{AuditEvent, RequestOrigin};
+use crate::audit::{AuditEvent, EventKind, Outcome, RequestOrigin};
 use crate::auth::secrets;
 use crate::db;
 
@@ -102,8 +102,8 @@ pub struct LoginForm {
     next: Option<String>,
 }
 
-fn login_event(outcome: &str, username: &str, origin: Option<&RequestOrigin>) -> AuditEvent {
-    let mut e = AuditEvent::new("admin.login", outcome).from_origin(origin);
+fn login_event(outcome: Outcome, username: &str, origin: Option<&RequestOrigin>) -> AuditEvent {
+    let mut e = AuditEvent::new(EventKind::AdminLogin, outcome).from_origin(origin);
     e.admin_user = Some(format!(
         "admin:{}",
         username.chars().take(64).collect::<String>()
@@ -167,9 +167,11 @@ pub async fn login_submit(
         .await
         .map_err(|e| WebError::Internal(e.into()))?;
     let Some(user) = user.filter(|_| ok) else {
-        state
-            .audit
-            .record_detached(login_event("denied", &form.username, origin.as_ref()));
+        state.audit.record_detached(login_event(
+            Outcome::Denied,
+            &form.username,
+            origin.as_ref(),
+        ));
         return retry("Wrong username or password.", StatusCode::UNAUTHORIZED);
     };
     let token = random_token();
@@ -184,9 +186,11 @@ pub async fn login_submit(
         origin.as_ref().and_then(|o| o.user_agent.as_deref()),
     )
     .await?;
-    state
-        .audit
-        .record_detached(login_event("success", &user.username, origin.as_ref()));
+    state.audit.record_detached(login_event(
+        Outcome::Success,
+        &user.username,
+        origin.as_ref(),
+    ));
     let mut r = Redirect::to(&next).into_response();
     r.headers_mut().append(
         header::SET_COOKIE,
@@ -211,7 +215,7 @@ pub async fn logout(
     origin: Option<Extension<RequestOrigin>>,
 ) -> Result<Response, WebError> {
     db::admin::delete_session(&state.db, &admin.session_hash).await?;
-    let mut e = AuditEvent::new("admin.logout", "success")
+    let mut e = AuditEvent::new(EventKind::AdminLogout, Outcome::Success)
         .from_origin(origin.as_ref().map(|Extension(o)| o));
     e.admin_user = Some(admin.actor());
     e.resource = Some("admin-ui".into());

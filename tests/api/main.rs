@@ -5,6 +5,7 @@ mod audit;
 mod durability;
 mod helpers;
 mod mcp;
+mod perimeter;
 mod policy;
 mod reload;
 mod rest;

@@ -1,0 +1,465 @@
+//! The one core path every surface goes through: **resolve** what the caller may see →
+//! **rate limit** → **audit** → **run or answer**.
+//!
+//! MCP (`tools/call`, `tools/list`, search, `resources/*`, `prompts/*`, `initialize`), the REST
+//! endpoints and `/openapi.json` all open a [`Gate`] for their caller and ask it; none of them
+//! decides, limits or audits for itself. That is what keeps the surfaces from drifting apart:
+//! a tool behaves the same whichever way it is reached, an ungranted tool is
+//! indistinguishable from a missing one everywhere (it is resolved against the caller's
+//! visibility before anything else is looked at, the request's body included), and every
+//! request counts once against its agent's limits.
+//!
+//! Audit is two rows per call that reaches its tool: `tool.call`/`started` is durable before
+//! the tool runs, and `tool.result` with the outcome is durable before the caller is
+//! answered. A process killed mid-call therefore leaves the `started` row behind; if the first
+//! row cannot be written, nothing runs (fail closed). Reads (lists, search, documents) run
+//! nothing: what they disclosed is queued in the same group-commit writer without waiting.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::app::AppState;
+use crate::audit::writer::AuditUnavailable;
+use crate::audit::{self, AuditEvent, EventKind, Outcome as AuditOutcome, RequestOrigin};
+use crate::policy::snapshot::{Discovery, PolicySnapshot, Principal};
+use crate::pool::runner::{self, ScriptOutcome};
+use crate::pool::{Execution, Tool};
+use crate::upstream::UpstreamError;
+use rmcp::model::{CallToolResult, ContentBlock};
+
+/// Which surface a request came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    Mcp,
+    Rest,
+}
+
+impl Surface {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Surface::Mcp => "mcp",
+            Surface::Rest => "rest",
+        }
+    }
+}
+
+/// A request the gate refused.
+#[derive(Debug)]
+pub enum Refused {
+    /// Unknown, or not granted to the caller: the two are indistinguishable on purpose.
+    UnknownTool(String),
+    /// The arguments violate the tool's input schema (or could not be read); one line per
+    /// violation.
+    InvalidArguments {
+        tool: Arc<Tool>,
+        violations: Vec<String>,
+    },
+    /// A rate limit is exhausted; retry after this long.
+    RateLimited { retry_after: Duration },
+    /// The audit log cannot record the request, so it was not served.
+    AuditUnavailable(AuditUnavailable),
+}
+
+/// How a call that reached its tool ended.
+#[derive(Debug)]
+pub enum Outcome {
+    Script(ScriptOutcome),
+    /// The upstream's own result (which may itself be `isError`), or why it gave none.
+    Upstream(Result<CallToolResult, UpstreamError>),
+}
+
+impl Outcome {
+    /// A short label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Script(s) => s.label(),
+            Outcome::Upstream(Ok(r)) if r.is_error == Some(true) => "tool_error",
+            Outcome::Upstream(Ok(_)) => "success",
+            Outcome::Upstream(Err(UpstreamError::Timeout(..))) => "timeout",
+            Outcome::Upstream(Err(UpstreamError::CircuitOpen(_) | UpstreamError::Down(_))) => {
+                "upstream_unavailable"
+            }
+            Outcome::Upstream(Err(UpstreamError::Failed(..))) => "upstream_error",
+        }
+    }
+
+    fn audit_outcome(&self) -> AuditOutcome {
+        match self {
+            Outcome::Script(ScriptOutcome::Success { .. }) => AuditOutcome::Success,
+            Outcome::Script(ScriptOutcome::Timeout { .. }) => AuditOutcome::Timeout,
+            Outcome::Script(ScriptOutcome::Busy) => AuditOutcome::Busy,
+            Outcome::Script(_) => AuditOutcome::ToolError,
+            Outcome::Upstream(Ok(r)) if r.is_error == Some(true) => AuditOutcome::ToolError,
+            Outcome::Upstream(Ok(_)) => AuditOutcome::Success,
+            Outcome::Upstream(Err(UpstreamError::Timeout(..))) => AuditOutcome::Timeout,
+            Outcome::Upstream(Err(_)) => AuditOutcome::ToolError,
+        }
+    }
+
+    /// The MCP result: a script's JSON object becomes `structuredContent` plus the same JSON
+    /// as text, other JSON becomes text, a failure becomes `isError` with the text the model
+    /// needs to retry; an upstream's result passes through untouched.
+    pub fn into_mcp_result(self) -> CallToolResult {
+        match self {
+            Outcome::Script(ScriptOutcome::Success { output, .. }) => {
+                let text = serde_json::to_string(&output).unwrap_or_default();
+                if output.is_object() {
+                    let mut r = CallToolResult::structured(output);
+                    r.content = vec![ContentBlock::text(text)];
+                    r
+                } else {
+                    CallToolResult::success(vec![ContentBlock::text(text)])
+                }
+            }
+            Outcome::Script(failed) => CallToolResult::error(vec![ContentBlock::text(
+                failed.error_message().unwrap_or_default(),
+            )]),
+            Outcome::Upstream(Ok(mut r)) => {
+                // A legacy upstream sends no resultType; the caller may be modern.
+                r.result_type = Some(rmcp::model::ResultType::COMPLETE);
+                r
+            }
+            Outcome::Upstream(Err(e)) => {
+                CallToolResult::error(vec![ContentBlock::text(e.to_string())])
+            }
+        }
+    }
+}
+
+/// A call that reached the tool.
+#[derive(Debug)]
+pub struct CallDone {
+    pub tool: Arc<Tool>,
+    pub outcome: Outcome,
+    pub latency: Duration,
+}
+
+/// A tool the caller may call, admitted by its limits; not yet validated or run.
+#[derive(Debug)]
+pub struct Admitted {
+    pub tool: Arc<Tool>,
+}
+
+/// One caller's view of the gateway for one request: its principal, where it came from, and
+/// the policy snapshot taken when the request arrived (so a request is decided against one
+/// consistent state even if a grant changes while it runs).
+pub struct Gate<'a> {
+    state: &'a AppState,
+    principal: &'a Principal,
+    origin: Option<&'a RequestOrigin>,
+    surface: Surface,
+    snapshot: Arc<PolicySnapshot>,
+}
+
+impl<'a> Gate<'a> {
+    pub fn new(
+        state: &'a AppState,
+        principal: &'a Principal,
+        surface: Surface,
+        origin: Option<&'a RequestOrigin>,
+    ) -> Self {
+        Self {
+            state,
+            principal,
+            origin,
+            surface,
+            snapshot: state.policy.load(),
+        }
+    }
+
+    pub fn principal(&self) -> &Principal {
+        self.principal
+    }
+
+    pub fn snapshot(&self) -> &PolicySnapshot {
+        &self.snapshot
+    }
+
+    /// The tools the caller may see, in name order: the one visibility decision
+    /// ([`PolicySnapshot::visible`]) that listing, search, documents and calls share.
+    pub fn visible(&self) -> Vec<Arc<Tool>> {
+        self.snapshot.visible(self.principal)
+    }
+
+    /// The tool `name` if the caller may see it; `None` whether it is unknown or not granted.
+    pub fn resolve(&self, name: &str) -> Option<Arc<Tool>> {
+        self.snapshot.resolve(self.principal, name)
+    }
+
+    /// Whether the caller has the search meta-tools (`discovery: search` or `auto`).
+    pub fn has_meta_tools(&self) -> bool {
+        self.snapshot
+            .agent(&self.principal.agent)
+            .is_some_and(|a| a.record.discovery != Discovery::Full)
+    }
+
+    pub fn discovery(&self) -> Discovery {
+        self.snapshot
+            .effective_discovery(self.principal, self.state.settings.search_token_budget)
+    }
+
+    pub fn pinned(&self) -> &[String] {
+        self.snapshot
+            .agent(&self.principal.agent)
+            .map(|a| a.record.pinned.as_slice())
+            .unwrap_or_default()
+    }
+
+    fn event(&self, kind: EventKind, outcome: AuditOutcome) -> AuditEvent {
+        let mut e = AuditEvent::new(kind, outcome).from_origin(self.origin);
+        e.agent = Some(self.principal.agent.clone());
+        e.client_id = Some(self.principal.client_id.clone());
+        e.jti = self.principal.jti.map(|j| j.to_string());
+        e.details = Some(serde_json::json!({"surface": self.surface.as_str()}).to_string());
+        e
+    }
+
+    fn tool_event(&self, kind: EventKind, outcome: AuditOutcome, tool: &str) -> AuditEvent {
+        let mut e = self.event(kind, outcome);
+        e.tool = Some(tool.to_owned());
+        e.resource = Some(format!("tool:{tool}"));
+        e
+    }
+
+    fn metric(&self, outcome: &str) {
+        self.state
+            .metrics
+            .tool_calls
+            .with_label_values(&[self.surface.as_str(), outcome])
+            .inc()
+    }
+
+    /// Takes one request from every limit of the caller's agent that applies (to `tool`, for
+    /// a call). A refusal is audited as `kind` without waiting: a flood of refused requests
+    /// must never queue behind, or slow, the audit log.
+    fn limit(
+        &self,
+        kind: EventKind,
+        tool: Option<&str>,
+        resource: Option<&str>,
+    ) -> Result<(), Refused> {
+        let Some(agent) = self.snapshot.agent(&self.principal.agent) else {
+            return Ok(());
+        };
+        let Err(retry_after) = self.state.limits.check(agent, tool) else {
+            return Ok(());
+        };
+        let mut e = match tool {
+            Some(t) => self.tool_event(kind, AuditOutcome::RateLimited, t),
+            None => self.event(kind, AuditOutcome::RateLimited),
+        };
+        if resource.is_some() {
+            e.resource = resource.map(audit::bounded);
+        }
+        e.error = Some(format!(
+            "rate limited; retry after {} ms",
+            retry_after.as_millis()
+        ));
+        self.state.audit.record_detached(e);
+        Err(Refused::RateLimited { retry_after })
+    }
+
+    /// Admits a request that reads rather than runs (a list, a search, a document, a
+    /// resource, a handshake): counts it against the agent's limits.
+    pub fn admit(&self, kind: EventKind) -> Result<(), Refused> {
+        self.limit(kind, None, None)
+    }
+
+    /// Records what a read disclosed (`details`), without waiting for the commit.
+    pub fn disclosed(&self, kind: EventKind, outcome: AuditOutcome, details: Value) {
+        let mut e = self.event(kind, outcome);
+        let mut d = details;
+        if let Value::Object(m) = &mut d {
+            m.insert("surface".into(), self.surface.as_str().into());
+        }
+        e.details = Some(d.to_string());
+        self.state.audit.record_detached(e);
+    }
+
+    /// Records a read of something the caller may not see or that does not exist
+    /// (`resource`: what was asked for), without waiting.
+    pub fn not_found(&self, kind: EventKind, resource: &str) {
+        let mut e = self.event(kind, AuditOutcome::NotFound);
+        e.resource = Some(audit::bounded(resource));
+        self.state.audit.record_detached(e);
+    }
+
+    /// First step of a call: resolve `name` against what the caller may see, then take the
+    /// request from the limits. An unknown or ungranted name counts against the agent's
+    /// limits like any call and is audited as denied, durably, before the caller learns.
+    pub async fn admit_call(&self, name: &str) -> Result<Admitted, Refused> {
+        let Some(tool) = self.resolve(name) else {
+            return Err(self.unknown_tool(name).await);
+        };
+        if let Err(r) = self.limit(EventKind::ToolCall, Some(name), None) {
+            self.metric("rate_limited");
+            return Err(r);
+        }
+        Ok(Admitted { tool })
+    }
+
+    /// A call addressed to nothing the caller may see (`label`: the name or the REST route
+    /// asked for).
+    pub async fn unknown_tool(&self, label: &str) -> Refused {
+        if let Err(r) = self.limit(EventKind::ToolCall, Some(label), None) {
+            self.metric("rate_limited");
+            return r;
+        }
+        self.metric("unknown_tool");
+        let mut e = self.tool_event(EventKind::ToolCall, AuditOutcome::Denied, label);
+        e.error = Some("unknown tool, or not granted to this agent".into());
+        match self.state.audit.record(e).await {
+            Ok(()) => Refused::UnknownTool(label.to_owned()),
+            Err(err) => Refused::AuditUnavailable(err),
+        }
+    }
+
+    /// Second step of a call: validate, audit `started`, run, audit the result. `args` is
+    /// the argument object, or why the surface could not read one (a body that is not JSON,
+    /// too large, of the wrong type): refused, audited and counted like a schema violation.
+    pub async fn run(
+        &self,
+        admitted: Admitted,
+        args: Result<Value, Vec<String>>,
+    ) -> Result<CallDone, Refused> {
+        let started = Instant::now();
+        let tool = admitted.tool;
+        let name = tool.name.as_str();
+        let (redacted, secrets, bytes_in, violations) = match &args {
+            Ok(args) => {
+                let (redacted, secrets) = audit::redact_collect(args, &tool.audit);
+                let redacted = serde_json::to_string(&redacted).unwrap_or_default();
+                let bytes_in = serde_json::to_vec(args)
+                    .map(|v| v.len() as i64)
+                    .unwrap_or(0);
+                let violations = if args.is_object() {
+                    tool.violations(args)
+                } else {
+                    vec!["arguments must be a JSON object".to_owned()]
+                };
+                (Some(redacted), secrets, Some(bytes_in), violations)
+            }
+            Err(v) => (None, Vec::new(), None, v.clone()),
+        };
+        if !violations.is_empty() {
+            self.metric("invalid_arguments");
+            let mut e = self.tool_event(EventKind::ToolCall, AuditOutcome::InvalidArguments, name);
+            e.arguments = redacted;
+            e.bytes_in = bytes_in;
+            e.error = Some(audit::scrub(&violations.join("; "), &secrets));
+            self.state
+                .audit
+                .record(e)
+                .await
+                .map_err(Refused::AuditUnavailable)?;
+            return Err(Refused::InvalidArguments { tool, violations });
+        }
+        let args = args.unwrap_or_default();
+        let call_id = uuid::Uuid::now_v7().to_string();
+        let mut e = self.tool_event(EventKind::ToolCall, AuditOutcome::Started, name);
+        e.call_id = Some(call_id.clone());
+        e.arguments = redacted;
+        e.bytes_in = bytes_in;
+        if let Err(err) = self.state.audit.record(e).await {
+            self.metric("audit_unavailable");
+            return Err(Refused::AuditUnavailable(err));
+        }
+
+        let ran = Instant::now();
+        let outcome = match &tool.exec {
+            Execution::Script(spec) => {
+                Outcome::Script(runner::run(spec, &args, &self.state.settings.output).await)
+            }
+            Execution::Upstream {
+                upstream,
+                tool: original,
+            } => {
+                let map = match args {
+                    Value::Object(m) => m,
+                    _ => serde_json::Map::new(),
+                };
+                Outcome::Upstream(self.state.upstreams.call(upstream, original, map).await)
+            }
+        };
+        let latency = ran.elapsed();
+
+        let mut e = self.tool_event(EventKind::ToolResult, outcome.audit_outcome(), name);
+        e.call_id = Some(call_id);
+        e.latency_us = Some(latency.as_micros() as i64);
+        e.bytes_in = bytes_in;
+        // Whatever the tool says back, on any channel, is scrubbed of the values that were
+        // redacted from its arguments: a script that echoes its input to stderr must not
+        // put a password into the log, an export, or a viewer's page.
+        match &outcome {
+            Outcome::Upstream(Ok(r)) => {
+                let text = serde_json::to_string(r).unwrap_or_default();
+                e.bytes_out = Some(text.len() as i64);
+                e.result_sha256 = Some(hex::encode(Sha256::digest(text.as_bytes())));
+                if tool.audit.store_results {
+                    e.result = Some(audit::scrub(&text, &secrets));
+                }
+            }
+            Outcome::Upstream(Err(err)) => {
+                e.error = Some(audit::scrub(&err.to_string(), &secrets));
+            }
+            Outcome::Script(ScriptOutcome::Success {
+                output,
+                stdout_bytes,
+            }) => {
+                let text = serde_json::to_string(output).unwrap_or_default();
+                e.bytes_out = Some(*stdout_bytes as i64);
+                e.result_sha256 = Some(hex::encode(Sha256::digest(text.as_bytes())));
+                if tool.audit.store_results {
+                    e.result = Some(audit::scrub(&text, &secrets));
+                }
+            }
+            Outcome::Script(ScriptOutcome::Failed { exit_code, stderr }) => {
+                e.exit_code = *exit_code;
+                e.error = Some(truncate(&audit::scrub(stderr, &secrets), 4096));
+            }
+            Outcome::Script(other) => {
+                e.error = other
+                    .error_message()
+                    .map(|m| truncate(&audit::scrub(&m, &secrets), 4096))
+            }
+        }
+        if let Err(err) = self.state.audit.record(e).await {
+            self.metric("audit_unavailable");
+            return Err(Refused::AuditUnavailable(err));
+        }
+        self.metric(outcome.label());
+        tracing::info!(
+            agent = %self.principal.agent,
+            tool = %tool.name,
+            surface = self.surface.as_str(),
+            outcome = outcome.label(),
+            latency_ms = started.elapsed().as_millis() as u64,
+            "tool call"
+        );
+        Ok(CallDone {
+            tool,
+            outcome,
+            latency,
+        })
+    }
+
+    /// A whole call: [`Self::admit_call`] then [`Self::run`].
+    pub async fn call(&self, name: &str, args: Value) -> Result<CallDone, Refused> {
+        let admitted = self.admit_call(name).await?;
+        self.run(admitted, Ok(args)).await
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
