@@ -219,8 +219,10 @@ impl<'a> Gate<'a> {
 
     fn tool_event(&self, kind: EventKind, outcome: AuditOutcome, tool: &str) -> AuditEvent {
         let mut e = self.event(kind, outcome);
-        e.tool = Some(tool.to_owned());
+        // The name may be a caller's invention of any length: bounded like any outside text.
+        let tool = audit::bounded(tool);
         e.resource = Some(format!("tool:{tool}"));
+        e.tool = Some(tool);
         e
     }
 

@@ -59,11 +59,25 @@ pub fn check(body: &[u8], modern: bool) -> Option<(StatusCode, Value)> {
     match serde_json::from_slice::<ClientJsonRpcMessage>(body) {
         Err(_) => classify(body, modern),
         Ok(JsonRpcMessage::Request(r)) => match &r.request {
+            // `initialize` is a removed method in the modern revision: the SDK answers it
+            // (404 / -32601) as the spec says.
+            ClientRequest::CustomRequest(c)
+                if c.method == "initialize" && (modern || has_modern_meta(c.params.as_ref())) =>
+            {
+                None
+            }
             ClientRequest::CustomRequest(c) if is_standard(&c.method) => classify(body, modern),
             _ => None,
         },
         Ok(_) => None,
     }
+}
+
+fn has_modern_meta(params: Option<&Value>) -> bool {
+    params
+        .and_then(|p| p.get("_meta"))
+        .and_then(|m| m.get("io.modelcontextprotocol/protocolVersion"))
+        .is_some()
 }
 
 /// Methods the SDK has types for: a request naming one must fit its type.
