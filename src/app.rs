@@ -9,11 +9,12 @@ use axum::Router;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
-use crate::config::ServeArgs;
+use crate::config::{ScriptSandbox, ServeArgs};
 use crate::metrics::Metrics;
 use crate::policy::snapshot::PolicyHandle;
 use crate::pool::loader::{LoaderSettings, load_pool};
 use crate::pool::runner::OutputLimits;
+use crate::pool::sandbox::{Mode, SandboxSettings, ScriptUser};
 use crate::{api, db, http, mcp, oauth, rest, web};
 
 /// Settings resolved from the command line.
@@ -78,6 +79,7 @@ impl Settings {
             loader: LoaderSettings {
                 default_timeout: Duration::from_millis(args.script_timeout_ms.max(1)),
                 max_concurrency_per_tool: args.max_concurrency_per_tool.max(1),
+                sandbox: Arc::new(sandbox_settings(args)?),
             },
             audit_retention_days: args.audit_retention_days.max(1),
             token_rate: (args.token_rate_per_ip, args.token_burst_per_ip),
@@ -88,6 +90,42 @@ impl Settings {
             instance: crate::audit::instance_name().to_owned(),
         })
     }
+}
+
+fn sandbox_settings(args: &ServeArgs) -> anyhow::Result<SandboxSettings> {
+    let mode = match args.script_sandbox {
+        ScriptSandbox::Auto => Mode::Auto,
+        ScriptSandbox::Required => Mode::Required,
+        ScriptSandbox::Off => Mode::Off,
+    };
+    let user = match &args.script_user {
+        Some(name) => Some(ScriptUser::lookup(name).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    Ok(SandboxSettings::new(mode, user, &args.script_read_paths))
+}
+
+/// Says at start what the sandbox cannot confine here; in `required` mode that is fatal.
+fn check_sandbox(settings: &SandboxSettings) -> anyhow::Result<()> {
+    if settings.mode == Mode::Off {
+        tracing::warn!("--script-sandbox off: tool scripts run unconfined, with the gateway's uid and the whole filesystem");
+        return Ok(());
+    }
+    let gaps = crate::pool::sandbox::host().gaps(settings);
+    if gaps.is_empty() {
+        tracing::info!(user = ?settings.user.as_ref().map(|u| &u.name), "tool scripts run sandboxed (Landlock, PID namespace, resource limits)");
+        return Ok(());
+    }
+    if settings.mode == Mode::Required {
+        anyhow::bail!(
+            "--script-sandbox required, but this host cannot confine tool scripts fully:\n- {}",
+            gaps.join("\n- ")
+        );
+    }
+    for gap in &gaps {
+        tracing::warn!(gap = %gap, "tool scripts are not fully confined on this host");
+    }
+    Ok(())
 }
 
 fn origin_of(u: &url::Url) -> String {
@@ -295,7 +333,10 @@ pub fn spawn_policy_listener(state: AppState) {
 
 /// `toolgate serve`.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Scripts, even as root, must not read this process's memory or environment through /proc.
+    nix::sys::prctl::set_dumpable(false)?;
     let settings = Settings::from_args(&args)?;
+    check_sandbox(&settings.loader.sandbox)?;
     if let Some(agent) = &settings.dev_agent {
         tracing::warn!(agent = %agent, "--dev-agent is set: unauthenticated requests act as this agent; never use it outside local development");
     }

@@ -119,6 +119,21 @@ pub struct ServeArgs {
     /// Largest stdout a script may print, in bytes.
     #[arg(long, env = "TOOLGATE_MAX_STDOUT_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_stdout_bytes: usize,
+    /// Confinement of tool scripts: `auto` uses what the kernel has and warns at start about
+    /// the rest, `required` refuses to start unless every layer works, `off` runs them unconfined.
+    #[arg(long, env = "TOOLGATE_SCRIPT_SANDBOX", default_value = "auto")]
+    pub script_sandbox: ScriptSandbox,
+    /// Run tool scripts under this user's uid, gid and groups.
+    #[arg(long, env = "TOOLGATE_SCRIPT_USER")]
+    pub script_user: Option<String>,
+    /// Extra paths sandboxed scripts may read and execute (besides the system paths, the
+    /// directories on PATH and their prefixes, and the script's own folder).
+    #[arg(
+        long = "script-read-path",
+        env = "TOOLGATE_SCRIPT_READ_PATHS",
+        value_delimiter = ','
+    )]
+    pub script_read_paths: Vec<PathBuf>,
     /// How many copies of one tool may run at once.
     #[arg(long, env = "TOOLGATE_MAX_CONCURRENCY_PER_TOOL", default_value_t = 8)]
     pub max_concurrency_per_tool: usize,
@@ -138,6 +153,13 @@ pub struct ServeArgs {
     /// and the search meta-tools above it.
     #[arg(long, env = "TOOLGATE_SEARCH_TOKEN_BUDGET", default_value_t = crate::search::DEFAULT_TOKEN_BUDGET)]
     pub search_token_budget: usize,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ScriptSandbox {
+    Auto,
+    Required,
+    Off,
 }
 
 #[derive(Debug, Subcommand)]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
+use super::sandbox::{GroupLimits, Mode, Sandbox, SandboxSettings};
 use super::{
     Catalog, Execution, GroupStatus, HttpBinding, LoadError, SEPARATOR, ScriptSpec, Tool, ToolName,
     ToolSource, is_name_char,
@@ -20,6 +21,7 @@ use super::{
 pub struct LoaderSettings {
     pub default_timeout: Duration,
     pub max_concurrency_per_tool: usize,
+    pub sandbox: Arc<SandboxSettings>,
 }
 
 impl Default for LoaderSettings {
@@ -27,6 +29,7 @@ impl Default for LoaderSettings {
         Self {
             default_timeout: Duration::from_secs(30),
             max_concurrency_per_tool: 8,
+            sandbox: Arc::new(SandboxSettings::new(Mode::Auto, None, &[])),
         }
     }
 }
@@ -214,6 +217,14 @@ pub fn load_group(
             .map_err(|e| fail(&spec_file, format!("`x-toolgate-audit` is invalid: {e}")))?,
     };
     let audit = Arc::new(audit);
+    let sandbox = Sandbox {
+        settings: settings.sandbox.clone(),
+        limits: match doc.get("x-toolgate-sandbox") {
+            None => GroupLimits::default(),
+            Some(v) => GroupLimits::from_json(v)
+                .map_err(|e| fail(&spec_file, format!("`x-toolgate-sandbox` is invalid: {e}")))?,
+        },
+    };
     let scripts = scripts_by_stem(folder).map_err(|e| fail(folder_name, e))?;
     let paths = doc
         .get("paths")
@@ -364,6 +375,7 @@ pub fn load_group(
                     slots: Arc::new(tokio::sync::Semaphore::new(
                         settings.max_concurrency_per_tool,
                     )),
+                    sandbox: sandbox.clone(),
                 }),
                 validator: Arc::new(validator),
                 meta: ui.as_ref().map(|rel| {

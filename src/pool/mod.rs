@@ -5,6 +5,7 @@
 
 pub mod loader;
 pub mod runner;
+pub mod sandbox;
 pub mod watcher;
 
 use std::collections::BTreeMap;
@@ -106,6 +107,8 @@ pub struct ScriptSpec {
     pub env_allow: Vec<String>,
     /// Bounds how many copies of this tool run at once.
     pub slots: Arc<tokio::sync::Semaphore>,
+    /// How the script is confined.
+    pub sandbox: sandbox::Sandbox,
 }
 
 /// How a call is executed.

@@ -1,5 +1,6 @@
 //! Runs a script tool: stdin gets the arguments as JSON, stdout is the JSON result, stderr is
-//! kept (bounded) for the caller on failure, and the exit code says which it was.
+//! kept (bounded) for the caller on failure, and the exit code says which it was. The script
+//! runs confined (see [`super::sandbox`]) with a temporary directory of its own in `TMPDIR`.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -125,7 +126,24 @@ pub async fn run(spec: &ScriptSpec, args: &Value, limits: &OutputLimits) -> Scri
             cmd.env(name, value);
         }
     }
-    let mut child = match cmd.spawn() {
+    // Removed when this function returns, after everything the script started is gone.
+    let _call_dir = match spec.sandbox.prepare(&spec.workdir) {
+        Ok(Some((confinement, dir))) => {
+            cmd.env("TMPDIR", dir.path());
+            super::sandbox::confine(&mut cmd, confinement);
+            Some(dir)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            return ScriptOutcome::SpawnFailed {
+                reason: format!("cannot prepare the sandbox: {e}"),
+            };
+        }
+    };
+    let spawned = cmd.spawn();
+    // The command holds the Landlock ruleset; it is not needed once the child runs.
+    drop(cmd);
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
             return ScriptOutcome::SpawnFailed {

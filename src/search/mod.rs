@@ -287,6 +287,7 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
                 timeout: Duration::from_secs(1),
                 env_allow: Vec::new(),
                 slots: Arc::new(tokio::sync::Semaphore::new(1)),
+                sandbox: Default::default(),
             }),
             validator: Arc::new(validator),
             ui: None,

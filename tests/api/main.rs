@@ -9,6 +9,7 @@ mod perimeter;
 mod policy;
 mod reload;
 mod rest;
+mod sandbox;
 mod scripts;
 mod search;
 mod tokens;

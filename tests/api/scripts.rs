@@ -13,8 +13,9 @@ fn obj() -> Value {
     json!({"type": "object", "properties": {}, "additionalProperties": true})
 }
 
-/// A pool with one healthy group and the misbehaving ones.
-fn hostile_pool(root: &std::path::Path) {
+/// A pool with one healthy group and the misbehaving ones; `marker` names the hung script's
+/// background child.
+fn hostile_pool(root: &std::path::Path, marker: &str) {
     write_group(
         root,
         "ok",
@@ -46,17 +47,15 @@ fn hostile_pool(root: &std::path::Path) {
         root,
         "hangs",
         &single_op("run", obj(), json!({"x-toolgate-timeout-ms": 700})),
-        &[(
-            "run.sh",
-            "#!/bin/sh\nsleep 300 &\necho $! > child.pid\nwait\n",
-        )],
+        &[("run.sh", &format!("#!/bin/sh\nsleep {marker} &\nwait\n"))],
     );
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn misbehaving_scripts_get_clear_errors(pool: PgPool) {
     let root = tempfile::tempdir().unwrap();
-    hostile_pool(root.path());
+    let marker = crate::sandbox::unique_sleep();
+    hostile_pool(root.path(), &marker);
     let app = TestApp::with(pool, root.path(), None, &[]).await;
     let token = app
         .agent("tester", &["ok", "fails", "garbage", "huge", "hangs"])
@@ -99,21 +98,8 @@ async fn misbehaving_scripts_get_clear_errors(pool: PgPool) {
         .post_json("/tools/hangs/run", Some(&token), json!({}))
         .await;
     assert_eq!(hung.status, StatusCode::GATEWAY_TIMEOUT, "{}", hung.text);
-    // The script's background child dies with its process group.
-    let pid: i32 = std::fs::read_to_string(root.path().join("hangs/child.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ");
-    assert!(
-        !alive,
-        "the timed-out script's child {pid} is still running"
-    );
+    // The script's background child dies with it.
+    crate::sandbox::wait_until_gone(&marker).await;
 
     let ok = app
         .post_json("/tools/ok/echo", Some(&token), json!({"still": "serving"}))

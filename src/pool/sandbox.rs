@@ -1,0 +1,525 @@
+//! Confines a tool script to what it needs, with whatever the kernel offers:
+//!
+//! - **Landlock**: read and execute its own folder, the system paths and the directories on
+//!   `PATH`; write only a per-call temporary directory (`TMPDIR`, removed after the call);
+//!   no `/proc` at all (the gateway's command line there is world-readable); no signals to and
+//!   no abstract sockets of processes outside the sandbox; optionally no TCP.
+//! - **A PID namespace whose init is the script**: when the script exits or is killed, the
+//!   kernel kills everything it started, `setsid` or not.
+//! - **`PR_SET_PDEATHSIG`**: a script dies with the gateway, even after `kill -9`.
+//! - **Resource limits** per group, and optionally a dedicated uid.
+//!
+//! Everything is built in the parent; the code that runs between `fork` and `exec` only makes
+//! system calls, because the gateway is multi-threaded and its allocator may be locked there.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreated,
+    RulesetCreatedAttr, RulesetStatus, Scope,
+};
+use nix::sys::resource::Resource;
+use nix::unistd::{Gid, Pid, Uid};
+use serde::Deserialize;
+
+/// The Landlock ABI whose rights are asked for: filesystem (with truncate and device ioctls),
+/// TCP, and signal and abstract-socket scoping. An older kernel enforces what it has.
+const ABI_WANTED: ABI = ABI::V6;
+
+/// Read-only system paths; missing ones are skipped.
+const SYSTEM_PATHS: [&str; 9] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+];
+
+/// Device nodes every script may read and write.
+const DEVICES: [&str; 5] = [
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+
+/// How hard the gateway tries to confine scripts (`--script-sandbox`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Use what the kernel has; warn at start about what it lacks.
+    #[default]
+    Auto,
+    /// Refuse to start unless every layer is available.
+    Required,
+    /// Run scripts unconfined, as before the sandbox existed.
+    Off,
+}
+
+/// The gateway-wide part of the sandbox, from the command line.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxSettings {
+    pub mode: Mode,
+    /// Scripts run under this uid and gid when set.
+    pub user: Option<ScriptUser>,
+    /// Read-only paths besides the system ones: `PATH` entries, their prefixes, extra paths.
+    pub read_paths: Vec<PathBuf>,
+}
+
+impl SandboxSettings {
+    /// Settings for `mode`: the read paths come from the gateway's `PATH` plus `extra`.
+    pub fn new(mode: Mode, user: Option<ScriptUser>, extra: &[PathBuf]) -> Self {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut read_paths = path_read_paths(&path);
+        read_paths.extend(extra.iter().cloned());
+        read_paths.sort();
+        read_paths.dedup();
+        Self {
+            mode,
+            user,
+            read_paths,
+        }
+    }
+}
+
+/// Directories on `PATH`, and for each `…/bin`, `…/sbin` or `…/shims` its prefix: an
+/// interpreter finds its libraries beside its `bin` (`/usr/local/lib`, a pyenv root). The root
+/// directory is never a prefix.
+fn path_read_paths(path: &std::ffi::OsStr) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in std::env::split_paths(path) {
+        if !dir.is_absolute() {
+            continue;
+        }
+        let is_bin = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| matches!(n, "bin" | "sbin" | "shims"));
+        if is_bin
+            && let Some(prefix) = dir.parent()
+            && prefix != Path::new("/")
+        {
+            out.push(prefix.to_path_buf());
+        }
+        out.push(dir);
+    }
+    out
+}
+
+/// The account scripts run under (`--script-user`).
+#[derive(Debug, Clone)]
+pub struct ScriptUser {
+    pub name: String,
+    pub uid: Uid,
+    pub gid: Gid,
+    /// Supplementary groups, the primary one included.
+    pub groups: Vec<Gid>,
+}
+
+impl ScriptUser {
+    pub fn lookup(name: &str) -> Result<Self, String> {
+        let user = nix::unistd::User::from_name(name)
+            .map_err(|e| format!("cannot look up script user `{name}`: {e}"))?
+            .ok_or_else(|| format!("script user `{name}` does not exist"))?;
+        let cname = std::ffi::CString::new(name)
+            .map_err(|_| format!("script user `{name}` contains a NUL byte"))?;
+        let groups = nix::unistd::getgrouplist(&cname, user.gid)
+            .map_err(|e| format!("cannot list the groups of script user `{name}`: {e}"))?;
+        Ok(Self {
+            name: name.to_owned(),
+            uid: user.uid,
+            gid: user.gid,
+            groups,
+        })
+    }
+}
+
+/// Per-group limits: the `x-toolgate-sandbox` object of a group's `openapi.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GroupLimits {
+    /// Address space of each process, in MiB (`RLIMIT_AS`).
+    pub address_space_mb: u64,
+    /// Processes of the script's uid (`RLIMIT_NPROC`); does not bind root.
+    pub processes: u64,
+    /// Largest file a script may write, in MiB (`RLIMIT_FSIZE`).
+    pub file_size_mb: u64,
+    /// CPU time of each process, in seconds (`RLIMIT_CPU`).
+    pub cpu_seconds: u64,
+    /// TCP connect and bind; `false` refuses both (Landlock), UDP and UNIX sockets stay open.
+    pub network: bool,
+}
+
+impl Default for GroupLimits {
+    fn default() -> Self {
+        Self {
+            address_space_mb: 4096,
+            processes: 256,
+            file_size_mb: 256,
+            cpu_seconds: 300,
+            network: true,
+        }
+    }
+}
+
+impl GroupLimits {
+    /// Parses and checks `x-toolgate-sandbox`, saying which field is wrong and why.
+    pub fn from_json(v: &serde_json::Value) -> Result<Self, String> {
+        let limits: Self = serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
+        let check = |field: &str, value: u64, min: u64, max: u64| {
+            if (min..=max).contains(&value) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "`{field}` must be an integer from {min} to {max}, found {value}"
+                ))
+            }
+        };
+        // Below these floors no interpreter starts, and the failure would look like a tool bug.
+        check("address_space_mb", limits.address_space_mb, 64, 1 << 20)?;
+        check("processes", limits.processes, 1, 1 << 20)?;
+        check("file_size_mb", limits.file_size_mb, 1, 1 << 20)?;
+        check("cpu_seconds", limits.cpu_seconds, 1, 86_400)?;
+        Ok(limits)
+    }
+
+    fn rlimits(&self) -> [(Resource, u64, u64); 5] {
+        const MIB: u64 = 1024 * 1024;
+        [
+            (
+                Resource::RLIMIT_AS,
+                self.address_space_mb * MIB,
+                self.address_space_mb * MIB,
+            ),
+            (Resource::RLIMIT_NPROC, self.processes, self.processes),
+            (
+                Resource::RLIMIT_FSIZE,
+                self.file_size_mb * MIB,
+                self.file_size_mb * MIB,
+            ),
+            // SIGXCPU at the soft limit lets a script clean up; SIGKILL a second later.
+            (Resource::RLIMIT_CPU, self.cpu_seconds, self.cpu_seconds + 1),
+            // A core file would land in the script's folder, which it may not write anyway.
+            (Resource::RLIMIT_CORE, 0, 0),
+        ]
+    }
+}
+
+/// What this kernel lets us do, found out once.
+#[derive(Debug, Clone)]
+pub struct HostSupport {
+    /// `Ok` when every Landlock right we ask for is enforced; otherwise what is missing.
+    pub landlock: Result<(), String>,
+    /// `Ok` when a PID namespace can be created; otherwise why not.
+    pub pid_namespace: Result<(), String>,
+}
+
+impl HostSupport {
+    /// What is not confined on this host, one line each; empty when everything is.
+    pub fn gaps(&self, settings: &SandboxSettings) -> Vec<String> {
+        let mut gaps = Vec::new();
+        if let Err(e) = &self.landlock {
+            gaps.push(format!(
+                "Landlock: {e}; scripts can read and write whatever their uid may, including the gateway's /proc/<pid>/cmdline, and plant tool folders"
+            ));
+        }
+        if let Err(e) = &self.pid_namespace {
+            gaps.push(format!(
+                "PID namespace: {e}; a script's process that leaves its process group (setsid) outlives the call"
+            ));
+        }
+        if settings.user.is_none() && Uid::effective().is_root() {
+            gaps.push(
+                "scripts run as root (no --script-user): the process limit (RLIMIT_NPROC) does not bind them, and file permissions do not stop them where Landlock does not".into(),
+            );
+        }
+        gaps
+    }
+}
+
+/// Probes the kernel on first use.
+pub fn host() -> &'static HostSupport {
+    static HOST: OnceLock<HostSupport> = OnceLock::new();
+    HOST.get_or_init(|| HostSupport {
+        landlock: probe_landlock(),
+        pid_namespace: probe_pid_namespace(),
+    })
+}
+
+/// Enforces the full ruleset on a throwaway thread: Landlock binds only the thread that asks.
+fn probe_landlock() -> Result<(), String> {
+    std::thread::spawn(|| {
+        let ruleset = base_ruleset(false)
+            .map_err(|e| e.to_string())?
+            .create()
+            .map_err(|e| e.to_string())?;
+        let status = ruleset.restrict_self().map_err(|e| e.to_string())?;
+        match status.ruleset {
+            RulesetStatus::FullyEnforced => Ok(()),
+            RulesetStatus::PartiallyEnforced => Err(format!(
+                "the kernel enforces only part of the rules ({:?})",
+                status.landlock
+            )),
+            RulesetStatus::NotEnforced => Err(format!("not available ({:?})", status.landlock)),
+        }
+    })
+    .join()
+    .unwrap_or_else(|_| Err("the probe thread panicked".into()))
+}
+
+#[allow(unsafe_code)]
+fn probe_pid_namespace() -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.args(["-c", ":"]);
+    // SAFETY: unshare is a plain system call; nothing is allocated or locked after the fork.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID).map_err(io::Error::from)
+        });
+    }
+    match cmd.status() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("the probe exited with {s}")),
+        Err(e) => Err(format!("unshare(CLONE_NEWPID) failed: {e}")),
+    }
+}
+
+fn base_ruleset(network: bool) -> Result<Ruleset, landlock::RulesetError> {
+    let ruleset = Ruleset::default()
+        .handle_access(AccessFs::from_all(ABI_WANTED))?
+        .scope(Scope::from_all(ABI_WANTED))?;
+    if network {
+        Ok(ruleset)
+    } else {
+        ruleset.handle_access(AccessNet::from_all(ABI_WANTED))
+    }
+}
+
+/// How one script runs: its group's limits under the gateway's settings.
+#[derive(Debug, Clone, Default)]
+pub struct Sandbox {
+    pub settings: std::sync::Arc<SandboxSettings>,
+    pub limits: GroupLimits,
+}
+
+/// A per-call temporary directory, removed with everything in it when dropped.
+#[derive(Debug)]
+pub struct CallDir(PathBuf);
+
+impl CallDir {
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for CallDir {
+    fn drop(&mut self) {
+        // Symlinks the script left are removed, not followed.
+        if let Err(e) = std::fs::remove_dir_all(&self.0)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.0.display(), error = %e, "cannot remove a script's temporary directory");
+        }
+    }
+}
+
+/// Everything the child needs between `fork` and `exec`, built in the parent.
+pub struct Confinement {
+    ruleset: Option<RulesetCreated>,
+    pid_namespace: bool,
+    rlimits: [(Resource, u64, u64); 5],
+    user: Option<(Uid, Gid, Vec<Gid>)>,
+    gateway: Pid,
+}
+
+impl Sandbox {
+    /// Prepares one run of a script living in `folder`. `None` when the sandbox is off.
+    pub fn prepare(&self, folder: &Path) -> io::Result<Option<(Confinement, CallDir)>> {
+        if self.settings.mode == Mode::Off {
+            return Ok(None);
+        }
+        let host = host();
+        let dir = CallDir(std::env::temp_dir().join(format!(
+            "toolgate-call-{}",
+            uuid::Uuid::new_v4().simple()
+        )));
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new().mode(0o700).create(dir.path())?;
+        }
+        if let Some(u) = &self.settings.user {
+            nix::unistd::chown(dir.path(), Some(u.uid), Some(u.gid)).map_err(io::Error::from)?;
+        }
+        let ruleset = match host.landlock {
+            Ok(()) => Some(
+                self.ruleset(folder, dir.path())
+                    .map_err(|e| io::Error::other(format!("Landlock rules: {e}")))?,
+            ),
+            Err(_) => None,
+        };
+        Ok(Some((
+            Confinement {
+                ruleset,
+                pid_namespace: host.pid_namespace.is_ok(),
+                rlimits: self.limits.rlimits(),
+                user: self
+                    .settings
+                    .user
+                    .as_ref()
+                    .map(|u| (u.uid, u.gid, u.groups.clone())),
+                gateway: Pid::this(),
+            },
+            dir,
+        )))
+    }
+
+    fn ruleset(&self, folder: &Path, tmp: &Path) -> Result<RulesetCreated, String> {
+        let read = AccessFs::from_read(ABI_WANTED);
+        let all = AccessFs::from_all(ABI_WANTED);
+        let device = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate;
+        let mut ruleset = base_ruleset(self.limits.network)
+            .and_then(|r| r.create())
+            .map_err(|e| e.to_string())?;
+        let system = SYSTEM_PATHS.iter().map(Path::new);
+        for path in system.chain(self.settings.read_paths.iter().map(PathBuf::as_path)) {
+            // A path this machine lacks grants nothing; that is not an error.
+            if let Ok(fd) = PathFd::new(path) {
+                ruleset = ruleset
+                    .add_rule(PathBeneath::new(fd, read))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        for dev in DEVICES {
+            if let Ok(fd) = PathFd::new(dev) {
+                ruleset = ruleset
+                    .add_rule(PathBeneath::new(fd, device))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        let folder = PathFd::new(folder).map_err(|e| e.to_string())?;
+        let tmp = PathFd::new(tmp).map_err(|e| e.to_string())?;
+        ruleset
+            .add_rule(PathBeneath::new(folder, read))
+            .and_then(|r| r.add_rule(PathBeneath::new(tmp, all)))
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Has `cmd` enter the confinement between `fork` and `exec`.
+#[allow(unsafe_code)]
+pub fn confine(cmd: &mut tokio::process::Command, confinement: Confinement) {
+    let mut confinement = Some(confinement);
+    // SAFETY: the closure runs in the child after fork. `Confinement::enter` only makes system
+    // calls on values built before the fork: no allocation, no lock, no unwinding into std.
+    unsafe {
+        cmd.pre_exec(move || match confinement.take() {
+            Some(c) => c.enter(),
+            None => Err(io::Error::from_raw_os_error(nix::libc::EINVAL)),
+        });
+    }
+}
+
+impl Confinement {
+    /// Runs in the forked child: async-signal-safe system calls only.
+    #[allow(unsafe_code)]
+    fn enter(mut self) -> io::Result<()> {
+        use nix::sys::signal::Signal;
+        if self.pid_namespace {
+            // This process stays outside the namespace and relays the exit status; its child
+            // is the namespace's init and execs the script. Both die with their parent.
+            die_with_parent(self.gateway)?;
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID)?;
+            // SAFETY: this forked child has one thread, and the code after fork in both
+            // branches only makes system calls.
+            match unsafe { nix::unistd::fork() }? {
+                nix::unistd::ForkResult::Parent { child } => relay(child),
+                nix::unistd::ForkResult::Child => {}
+            }
+        }
+        if let Some((uid, gid, groups)) = &self.user {
+            nix::unistd::setgroups(groups)?;
+            nix::unistd::setgid(*gid)?;
+            nix::unistd::setuid(*uid)?;
+        }
+        // After the uid change: changing credentials clears the parent-death signal.
+        nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+        if !self.pid_namespace && nix::unistd::getppid() != self.gateway {
+            return Err(io::Error::from_raw_os_error(nix::libc::ESRCH));
+        }
+        for (resource, soft, hard) in self.rlimits {
+            nix::sys::resource::setrlimit(resource, soft, hard)?;
+        }
+        if let Some(ruleset) = self.ruleset.take() {
+            ruleset
+                .restrict_self()
+                .map_err(|_| io::Error::from_raw_os_error(nix::libc::EPERM))?;
+        }
+        Ok(())
+    }
+}
+
+/// The death signal fires when the parent exits; if it already has, give up at once.
+fn die_with_parent(parent: Pid) -> io::Result<()> {
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+    if nix::unistd::getppid() != parent {
+        return Err(io::Error::from_raw_os_error(nix::libc::ESRCH));
+    }
+    Ok(())
+}
+
+/// The process outside the namespace: holds nothing open, waits for the init and ends the
+/// same way, so the runner sees the script's own exit code or signal.
+#[allow(unsafe_code)]
+fn relay(child: Pid) -> ! {
+    use nix::sys::wait::{WaitStatus, waitpid};
+    // SAFETY: plain system calls. Closing every descriptor drops this process's copies of the
+    // pipes, so the gateway sees end-of-file when the script's side closes.
+    unsafe {
+        nix::libc::syscall(nix::libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+    }
+    loop {
+        match waitpid(child, None) {
+            Ok(WaitStatus::Exited(_, code)) => unsafe { nix::libc::_exit(code) },
+            Ok(WaitStatus::Signaled(_, signal, _)) => {
+                // SAFETY: resetting a disposition and signalling oneself are plain syscalls.
+                unsafe {
+                    nix::libc::signal(signal as i32, nix::libc::SIG_DFL);
+                    nix::libc::kill(nix::libc::getpid(), signal as i32);
+                    nix::libc::_exit(128 + signal as i32)
+                }
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => unsafe { nix::libc::_exit(127) },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn path_entries_bring_their_prefix_but_never_the_root() {
+        let got = path_read_paths(std::ffi::OsStr::new(
+            "/opt/py/shims:/usr/local/bin:/bin:relative/bin",
+        ));
+        let want: Vec<PathBuf> = ["/opt/py", "/opt/py/shims", "/usr/local", "/usr/local/bin", "/bin"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn group_limits_are_checked_field_by_field() {
+        assert_eq!(GroupLimits::from_json(&json!({})).unwrap(), GroupLimits::default());
+        let l = GroupLimits::from_json(&json!({"cpu_seconds": 5, "network": false})).unwrap();
+        assert_eq!((l.cpu_seconds, l.network), (5, false));
+        let e = GroupLimits::from_json(&json!({"cpu_seconds": 0})).unwrap_err();
+        assert!(e.contains("`cpu_seconds` must be an integer from 1"), "{e}");
+        let e = GroupLimits::from_json(&json!({"memory": 5})).unwrap_err();
+        assert!(e.contains("unknown field `memory`"), "{e}");
+        let e = GroupLimits::from_json(&json!({"file_size_mb": "big"})).unwrap_err();
+        assert!(e.contains("invalid type"), "{e}");
+    }
+}
