@@ -108,10 +108,17 @@ fn sandbox_settings(args: &ServeArgs) -> anyhow::Result<SandboxSettings> {
 /// Says at start what the sandbox cannot confine here; in `required` mode that is fatal.
 fn check_sandbox(settings: &SandboxSettings) -> anyhow::Result<()> {
     if settings.mode == Mode::Off {
-        tracing::warn!("--script-sandbox off: tool scripts run unconfined, with the gateway's uid and the whole filesystem");
+        tracing::warn!(
+            "--script-sandbox off: tool scripts run unconfined, with the gateway's uid and the whole filesystem"
+        );
         return Ok(());
     }
-    let gaps = crate::pool::sandbox::host().gaps(settings);
+    if settings.user.is_none() && nix::unistd::Uid::effective().is_root() {
+        tracing::warn!(
+            "tool scripts run as root (no --script-user): the process limit (RLIMIT_NPROC) does not bind them, and file permissions do not stop them"
+        );
+    }
+    let gaps = crate::pool::sandbox::host().gaps();
     if gaps.is_empty() {
         tracing::info!(user = ?settings.user.as_ref().map(|u| &u.name), "tool scripts run sandboxed (Landlock, PID namespace, resource limits)");
         return Ok(());

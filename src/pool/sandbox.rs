@@ -213,8 +213,8 @@ pub struct HostSupport {
 }
 
 impl HostSupport {
-    /// What is not confined on this host, one line each; empty when everything is.
-    pub fn gaps(&self, settings: &SandboxSettings) -> Vec<String> {
+    /// What this kernel cannot confine, one line each; empty when every layer works.
+    pub fn gaps(&self) -> Vec<String> {
         let mut gaps = Vec::new();
         if let Err(e) = &self.landlock {
             gaps.push(format!(
@@ -225,11 +225,6 @@ impl HostSupport {
             gaps.push(format!(
                 "PID namespace: {e}; a script's process that leaves its process group (setsid) outlives the call"
             ));
-        }
-        if settings.user.is_none() && Uid::effective().is_root() {
-            gaps.push(
-                "scripts run as root (no --script-user): the process limit (RLIMIT_NPROC) does not bind them, and file permissions do not stop them where Landlock does not".into(),
-            );
         }
         gaps
     }
@@ -338,10 +333,9 @@ impl Sandbox {
             return Ok(None);
         }
         let host = host();
-        let dir = CallDir(std::env::temp_dir().join(format!(
-            "toolgate-call-{}",
-            uuid::Uuid::new_v4().simple()
-        )));
+        let dir = CallDir(
+            std::env::temp_dir().join(format!("toolgate-call-{}", uuid::Uuid::new_v4().simple())),
+        );
         {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new().mode(0o700).create(dir.path())?;
@@ -503,16 +497,25 @@ mod tests {
         let got = path_read_paths(std::ffi::OsStr::new(
             "/opt/py/shims:/usr/local/bin:/bin:relative/bin",
         ));
-        let want: Vec<PathBuf> = ["/opt/py", "/opt/py/shims", "/usr/local", "/usr/local/bin", "/bin"]
-            .iter()
-            .map(PathBuf::from)
-            .collect();
+        let want: Vec<PathBuf> = [
+            "/opt/py",
+            "/opt/py/shims",
+            "/usr/local",
+            "/usr/local/bin",
+            "/bin",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
         assert_eq!(got, want);
     }
 
     #[test]
     fn group_limits_are_checked_field_by_field() {
-        assert_eq!(GroupLimits::from_json(&json!({})).unwrap(), GroupLimits::default());
+        assert_eq!(
+            GroupLimits::from_json(&json!({})).unwrap(),
+            GroupLimits::default()
+        );
         let l = GroupLimits::from_json(&json!({"cpu_seconds": 5, "network": false})).unwrap();
         assert_eq!((l.cpu_seconds, l.network), (5, false));
         let e = GroupLimits::from_json(&json!({"cpu_seconds": 0})).unwrap_err();

@@ -95,7 +95,8 @@ async fn without_its_database_the_gateway_fails_closed_and_recovers(pool: PgPool
     let marks_file = root.path().join("marks.jsonl");
     let tools = root.path().join("tools");
     marker_group(&tools, &marks_file, "0");
-    let app = TestApp::with(proxied.clone(), &tools, None, &[]).await;
+    // The marks file, the test's witness of what ran, is outside the script's folder.
+    let app = TestApp::with(proxied.clone(), &tools, None, &["--script-sandbox", "off"]).await;
     let token = app.agent("worker", &["mark"]).await;
 
     let before = app
@@ -192,6 +193,8 @@ fn serve(db_url: &str, tools: &std::path::Path, port: u16) -> tokio::process::Ch
         .arg("--tools-dir")
         .arg(tools)
         .args(["--policies-dir", "/nonexistent"])
+        // The marks file, the test's witness of what ran, is outside the script's folder.
+        .args(["--script-sandbox", "off"])
         .env("TOOLGATE_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -285,7 +285,10 @@ async fn descendants_that_leave_the_process_group_die_at_timeout_and_exit(pool: 
     assert_eq!(quit.status, StatusCode::OK, "{}", quit.text);
     let survivors = pids_with(&unconfined);
     kill_all(&unconfined);
-    assert!(!survivors.is_empty(), "the unconfined escape did not happen");
+    assert!(
+        !survivors.is_empty(),
+        "the unconfined escape did not happen"
+    );
 }
 
 /// A real `toolgate serve`, its secrets where an operator would put them: the database URL on
@@ -382,7 +385,10 @@ async fn scripts_die_with_a_killed_gateway_and_cannot_read_its_secrets(pool: PgP
         .await
         .is_ok_and(|r| r.status().is_success())
     {
-        assert!(Instant::now() < deadline, "toolgate serve never became ready");
+        assert!(
+            Instant::now() < deadline,
+            "toolgate serve never became ready"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let token = token_from(&http, &base, "intruder", &["spy", "linger"]).await;
@@ -467,8 +473,12 @@ printf '{{"big_file": %s, "tcp": %s, "cpu_limited": %s}}' $big $tcp $xcpu
     let app = TestApp::with(pool, root.path(), None, &[]).await;
     let token = app.agent("tester", &["tight", "loose"]).await;
 
-    let tight = app.post_json("/tools/tight/run", Some(&token), json!({})).await;
-    let loose = app.post_json("/tools/loose/run", Some(&token), json!({})).await;
+    let tight = app
+        .post_json("/tools/tight/run", Some(&token), json!({}))
+        .await;
+    let loose = app
+        .post_json("/tools/loose/run", Some(&token), json!({}))
+        .await;
 
     assert_eq!(
         tight.body,
@@ -507,5 +517,112 @@ printf '{{"big_file": %s, "tcp": %s, "cpu_limited": %s}}' $big $tcp $xcpu
         reason("bad-type").contains("invalid type"),
         "{}",
         errors.text
+    );
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_script_user_is_held_to_its_process_limit(pool: PgPool) {
+    use std::os::unix::fs::PermissionsExt;
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let bomb = unique_sleep();
+    let root = tempfile::tempdir().unwrap();
+    // The script user must be able to reach its folder.
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // dash gives up with "Cannot fork" at the first refused fork.
+    let script = format!(
+        "#!/bin/sh\nuid=$(id -u)\ni=0\nwhile [ $i -lt 40 ]; do i=$((i+1)); sleep {bomb} & done\necho \"{{\\\"uid\\\": $uid}}\"\n"
+    );
+    let mut doc = single_op("run", obj(), json!({}));
+    doc["x-toolgate-sandbox"] = json!({"processes": 8});
+    write_group(root.path(), "bomb", &doc, &[("run.sh", &script)]);
+    write_group(
+        root.path(),
+        "roomy",
+        &single_op("run", obj(), json!({})),
+        &[("run.sh", &script)],
+    );
+    let app = TestApp::with(pool, root.path(), None, &["--script-user", "nobody"]).await;
+    let token = app.agent("bomber", &["bomb", "roomy"]).await;
+
+    let bombed = app
+        .post_json("/tools/bomb/run", Some(&token), json!({}))
+        .await;
+    let roomy = app
+        .post_json("/tools/roomy/run", Some(&token), json!({}))
+        .await;
+
+    assert_eq!(bombed.status, StatusCode::BAD_GATEWAY, "{}", bombed.text);
+    assert!(
+        bombed.body["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("Cannot fork"),
+        "{}",
+        bombed.text
+    );
+    assert_eq!(roomy.status, StatusCode::OK, "{}", roomy.text);
+    assert_eq!(roomy.body["uid"], nobody.uid.as_raw(), "{}", roomy.text);
+    wait_until_gone(&bomb).await;
+}
+
+/// What a sandboxed spawn costs over an unconfined one: the same `cat` script, runs of the two
+/// interleaved in one process. Run with
+/// `cargo nextest run -E 'test(spawn_cost)' --run-ignored only --no-capture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check"]
+async fn spawn_cost() {
+    use std::sync::Arc;
+    use toolgate::pool::loader::{LoaderSettings, load_group};
+    use toolgate::pool::sandbox::{Mode, SandboxSettings};
+    use toolgate::pool::{Execution, runner};
+
+    let root = tempfile::tempdir().unwrap();
+    write_group(
+        root.path(),
+        "cat",
+        &single_op("cat", obj(), json!({})),
+        &[("cat.sh", "#!/bin/sh\ncat\n")],
+    );
+    let spec = |mode| {
+        let settings = LoaderSettings {
+            sandbox: Arc::new(SandboxSettings::new(mode, None, &[])),
+            ..LoaderSettings::default()
+        };
+        let tools = load_group(&root.path().join("cat"), "cat", &settings).unwrap();
+        match &tools[0].exec {
+            Execution::Script(s) => s.clone(),
+            Execution::Upstream { .. } => unreachable!(),
+        }
+    };
+    let (plain, sandboxed) = (spec(Mode::Off), spec(Mode::Auto));
+    let limits = runner::OutputLimits::default();
+    let runs = 400;
+    let (mut t_plain, mut t_sandboxed) = (Vec::new(), Vec::new());
+    for i in 0..runs + 20 {
+        for (spec, times) in [(&plain, &mut t_plain), (&sandboxed, &mut t_sandboxed)] {
+            let started = Instant::now();
+            let out = runner::run(spec, &json!({"n": i}), &limits).await;
+            let took = started.elapsed();
+            assert!(
+                matches!(out, runner::ScriptOutcome::Success { .. }),
+                "{out:?}"
+            );
+            // The first runs warm the page cache and the probe.
+            if i >= 20 {
+                times.push(took);
+            }
+        }
+    }
+    let p = |t: &mut Vec<Duration>, q: f64| {
+        t.sort();
+        t[((t.len() as f64 - 1.0) * q) as usize].as_secs_f64() * 1000.0
+    };
+    let (p50_plain, p50_sandboxed) = (p(&mut t_plain, 0.5), p(&mut t_sandboxed, 0.5));
+    println!(
+        "spawn of `#!/bin/sh cat`, {runs} runs each, interleaved:\n  unconfined p50 {p50_plain:.2} ms  p90 {:.2} ms\n  sandboxed  p50 {p50_sandboxed:.2} ms  p90 {:.2} ms\n  extra p50 {:.2} ms ({:.2}x)",
+        p(&mut t_plain, 0.9),
+        p(&mut t_sandboxed, 0.9),
+        p50_sandboxed - p50_plain,
+        p50_sandboxed / p50_plain
     );
 }
