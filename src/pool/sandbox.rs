@@ -308,11 +308,20 @@ impl CallDir {
 
 impl Drop for CallDir {
     fn drop(&mut self) {
-        // Symlinks the script left are removed, not followed.
-        if let Err(e) = std::fs::remove_dir_all(&self.0)
-            && e.kind() != io::ErrorKind::NotFound
-        {
-            tracing::warn!(dir = %self.0.display(), error = %e, "cannot remove a script's temporary directory");
+        let dir = std::mem::take(&mut self.0);
+        let remove = move || {
+            // Symlinks the script left are removed, not followed.
+            if let Err(e) = std::fs::remove_dir_all(&dir)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a script's temporary directory");
+            }
+        };
+        // Removing a directory takes milliseconds on some journaled disks: keep it off the
+        // path of the answer.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(remove)),
+            Err(_) => remove(),
         }
     }
 }
@@ -419,7 +428,9 @@ impl Confinement {
         use nix::sys::signal::Signal;
         if self.pid_namespace {
             // This process stays outside the namespace and relays the exit status; its child
-            // is the namespace's init and execs the script. Both die with their parent.
+            // is the namespace's init and execs the script. Both die with their parent. The
+            // kernel fires the death signal when the parent *thread* ends: the runner spawns
+            // from runtime worker threads, which live as long as the gateway.
             die_with_parent(self.gateway)?;
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID)?;
             // SAFETY: this forked child has one thread, and the code after fork in both
