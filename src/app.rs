@@ -107,6 +107,7 @@ fn sandbox_settings(args: &ServeArgs) -> anyhow::Result<SandboxSettings> {
 
 /// Says at start what the sandbox cannot confine here; in `required` mode that is fatal.
 fn check_sandbox(settings: &SandboxSettings) -> anyhow::Result<()> {
+    crate::pool::sandbox::sweep_stale_call_dirs();
     if settings.mode == Mode::Off {
         tracing::warn!(
             "--script-sandbox off: tool scripts run unconfined, with the gateway's uid and the whole filesystem"

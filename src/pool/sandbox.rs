@@ -296,6 +296,33 @@ pub struct Sandbox {
     pub limits: GroupLimits,
 }
 
+/// Per-call directories are named `<prefix><gateway pid>-<uuid>` in the system temp dir.
+const CALL_DIR_PREFIX: &str = "toolgate-call-";
+
+/// Removes the call directories of gateways that are gone (killed with `kill -9`, say): a
+/// directory whose gateway pid no longer runs belongs to nobody.
+pub fn sweep_stale_call_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(CALL_DIR_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let gone =
+            nix::sys::signal::kill(Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH);
+        if gone && let Err(e) = std::fs::remove_dir_all(entry.path()) {
+            tracing::warn!(dir = %entry.path().display(), error = %e, "cannot remove a stale script temporary directory");
+        }
+    }
+}
+
 /// A per-call temporary directory, removed with everything in it when dropped.
 #[derive(Debug)]
 pub struct CallDir(PathBuf);
@@ -342,9 +369,11 @@ impl Sandbox {
             return Ok(None);
         }
         let host = host();
-        let dir = CallDir(
-            std::env::temp_dir().join(format!("toolgate-call-{}", uuid::Uuid::new_v4().simple())),
-        );
+        let dir = CallDir(std::env::temp_dir().join(format!(
+            "{CALL_DIR_PREFIX}{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        )));
         {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new().mode(0o700).create(dir.path())?;

@@ -429,6 +429,32 @@ async fn scripts_die_with_a_killed_gateway_and_cannot_read_its_secrets(pool: PgP
     let _ = call.await;
     wait_until_gone(&child).await;
     wait_until_gone(&escaped).await;
+
+    // The killed gateway could not remove its call's TMPDIR; the next one to start does.
+    let stale = |pid: u32| {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("toolgate-call-{pid}-"))
+            })
+            .count()
+    };
+    assert!(
+        stale(gateway_pid) >= 1,
+        "the killed call's TMPDIR is not there"
+    );
+    let _next = serve(&db_url(&db), root.path(), port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stale(gateway_pid) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the stale TMPDIR was never removed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
