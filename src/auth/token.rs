@@ -13,6 +13,21 @@ use crate::policy::snapshot::{PolicySnapshot, Principal};
 
 pub const TOKEN_TYPE: &str = "at+jwt";
 
+/// Clock skew tolerated between us and whoever made a JWT, for `exp`, `nbf` and `iat`: enough
+/// for hosts kept in sync by NTP, too little to make a token meant for later usable now.
+pub const CLOCK_LEEWAY_SECS: u64 = 60;
+
+/// Refuses an `iat` (issued at) in the future: jsonwebtoken checks `exp` and `nbf` only, and a
+/// token claiming to be issued later than now was not made by a correct clock.
+pub fn check_iat(iat: Option<i64>, now: i64) -> Result<(), String> {
+    match iat {
+        Some(iat) if iat > now + CLOCK_LEEWAY_SECS as i64 => {
+            Err(format!("iat {iat} is in the future (now {now})"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The claims of an access token (DESIGN's external contract).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AccessClaims {
@@ -91,7 +106,8 @@ pub enum TokenError {
 }
 
 /// Verifies an access token against the snapshot: algorithm allow-list (EdDSA only), `typ`,
-/// known `kid`, signature, `iss`, `aud`, `exp`, then `jti` not revoked and the client still
+/// known `kid`, signature, `iss`, `aud`, `exp`, `nbf` and `iat` (within
+/// [`CLOCK_LEEWAY_SECS`]), then `jti` not revoked and the client still
 /// belonging to the agent.
 pub fn verify(
     token: &str,
@@ -115,11 +131,13 @@ pub fn verify(
     validation.set_issuer(&[issuer]);
     validation.set_audience(&[audience]);
     validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
-    validation.leeway = 5;
+    validation.validate_nbf = true;
+    validation.leeway = CLOCK_LEEWAY_SECS;
     let data =
         jsonwebtoken::decode::<AccessClaims>(token, &DecodingKey::from_ed_der(key), &validation)
             .map_err(|e| TokenError::Invalid(e.to_string()))?;
     let claims = data.claims;
+    check_iat(Some(claims.iat), Utc::now().timestamp()).map_err(TokenError::Invalid)?;
     let jti = Uuid::parse_str(&claims.jti)
         .map_err(|_| TokenError::Invalid("jti is not a UUID".into()))?;
     if snapshot.is_revoked(&jti) {

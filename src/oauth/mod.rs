@@ -18,7 +18,7 @@ use sqlx::PgPool;
 
 use crate::app::AppState;
 use crate::audit::{AuditEvent, EventKind, Outcome};
-use crate::auth::token::{AccessClaims, sign};
+use crate::auth::token::{self, AccessClaims, sign};
 use crate::auth::{keys, secrets};
 use crate::db;
 use crate::policy::GrantTarget;
@@ -281,12 +281,19 @@ async fn verify_assertion(
         state.settings.issuer.clone(),
     ]);
     v.set_required_spec_claims(&["exp", "iss", "sub", "aud"]);
-    v.leeway = 5;
+    v.validate_nbf = true;
+    v.leeway = token::CLOCK_LEEWAY_SECS;
     let data = jsonwebtoken::decode::<Value>(assertion, &key, &v).map_err(|_| fail())?;
+    let now = Utc::now().timestamp();
     let exp = data.claims.get("exp").and_then(Value::as_i64).unwrap_or(0);
-    if exp - Utc::now().timestamp() > MAX_ASSERTION_LIFETIME_SECS {
+    if exp - now > MAX_ASSERTION_LIFETIME_SECS {
         return Err(fail());
     }
+    let iat = data
+        .claims
+        .get("iat")
+        .and_then(|v| v.as_i64().or_else(|| v.as_f64().map(|f| f as i64)));
+    token::check_iat(iat, now).map_err(|_| fail())?;
     let jti = data
         .claims
         .get("jti")

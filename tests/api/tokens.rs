@@ -401,3 +401,101 @@ async fn key_rotation_keeps_tokens_of_the_previous_key(pool: PgPool) {
     let jwks = app.get("/.well-known/jwks.json", None).await;
     assert_eq!(jwks.body["keys"].as_array().unwrap().len(), 2);
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_token_not_yet_valid_or_issued_in_the_future_is_refused(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let good = app.token_for("assistant").await;
+    let (_, claims, _) = parts(&good);
+    let now = chrono::Utc::now().timestamp();
+
+    let mut later = claims.clone();
+    later["nbf"] = json!(now + 3600);
+    later["exp"] = json!(now + 3600 + 900);
+    let mut future_iat = claims.clone();
+    future_iat["iat"] = json!(now + 3600);
+    let mut within_leeway = claims.clone();
+    within_leeway["nbf"] = json!(now + 30);
+    within_leeway["iat"] = json!(now + 30);
+
+    for (name, c) in [("nbf in an hour", &later), ("iat in an hour", &future_iat)] {
+        let token = forge(&pool, None, c).await;
+        let r = app.get("/openapi.json", Some(&token)).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{name} was accepted");
+        assert_eq!(r.body["error"], "invalid_token", "{name}: {}", r.text);
+        let mcp = app.mcp(Some(&token), "tools/list", json!({})).await;
+        assert_eq!(
+            mcp.status,
+            StatusCode::UNAUTHORIZED,
+            "{name} was accepted on /mcp"
+        );
+    }
+    // Clocks a little apart still work: the leeway is documented as 60 s.
+    let skewed = forge(&pool, None, &within_leeway).await;
+    assert_eq!(
+        app.get("/openapi.json", Some(&skewed)).await.status,
+        StatusCode::OK
+    );
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_client_assertion_not_yet_valid_or_issued_in_the_future_is_refused(pool: PgPool) {
+    let app = TestApp::new(pool).await;
+    let key = toolgate::auth::keys::generate().unwrap();
+    let jwks = json!({"keys": [toolgate::auth::keys::jwk(&key.kid, &key.public_key)]});
+    let r = app
+        .admin(
+            "POST",
+            "/api/v1/agents/meteo/clients",
+            Some(json!({"jwks": jwks})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let client_id = r.body["client_id"].as_str().unwrap().to_owned();
+    let now = chrono::Utc::now().timestamp();
+    let sign = |extra: Value| {
+        let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
+        h.kid = Some(key.kid.clone());
+        let mut claims = json!({"iss": client_id, "sub": client_id, "aud": "http://127.0.0.1:8787/oauth/token", "iat": now, "exp": now + 300, "jti": uuid::Uuid::new_v4().to_string()});
+        claims
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        jsonwebtoken::encode(
+            &h,
+            &claims,
+            &jsonwebtoken::EncodingKey::from_ed_der(&key.private_pkcs8),
+        )
+        .unwrap()
+    };
+    let app = &app;
+    let request = |assertion: String| async move {
+        app.token_request(
+            &[
+                ("grant_type", "client_credentials"),
+                (
+                    "client_assertion_type",
+                    "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
+                ),
+                ("client_assertion", &assertion),
+            ],
+            None,
+        )
+        .await
+    };
+
+    let not_yet = request(sign(json!({"nbf": now + 240}))).await;
+    let future_iat = request(sign(json!({"iat": now + 240}))).await;
+    let fine = request(sign(json!({"nbf": now - 10}))).await;
+
+    assert_eq!(not_yet.status, StatusCode::UNAUTHORIZED, "{}", not_yet.text);
+    assert_eq!(not_yet.body["error"], "invalid_client");
+    assert_eq!(
+        future_iat.status,
+        StatusCode::UNAUTHORIZED,
+        "{}",
+        future_iat.text
+    );
+    assert_eq!(future_iat.body["error"], "invalid_client");
+    assert_eq!(fine.status, StatusCode::OK, "{}", fine.text);
+}
