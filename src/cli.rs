@@ -26,6 +26,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Migrate(db_args) => {
+            // With `serve`, the only command that may create the database.
             let pool = db::connect(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
             println!("migrations applied");
@@ -38,7 +39,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Keys {
             command: KeysCommand::Rotate { db: db_args },
         } => {
-            let pool = db::connect(&db_args.database_url, 2).await?;
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
             let kid = oauth::rotate_key(&pool, "cli").await?;
             println!("{}", serde_json::json!({"kid": kid}));
@@ -74,7 +75,7 @@ async fn policy_command(command: PolicyCommand) -> anyhow::Result<ExitCode> {
         }
         PolicyCommand::Apply(args) => apply(args).await,
         PolicyCommand::Export(args) => {
-            let pool = db::connect(&args.db.database_url, 2).await?;
+            let pool = db::connect_existing(&args.db.database_url, 2).await?;
             db::migrate(&pool, &args.db.database_url).await?;
             let n = policy::files::export(&pool, &args.dir).await?;
             println!("exported {n} agent(s) to {}", args.dir.display());
@@ -84,7 +85,7 @@ async fn policy_command(command: PolicyCommand) -> anyhow::Result<ExitCode> {
 }
 
 async fn apply(args: PolicyArgs) -> anyhow::Result<ExitCode> {
-    let pool = db::connect(&args.db.database_url, 2).await?;
+    let pool = db::connect_existing(&args.db.database_url, 2).await?;
     db::migrate(&pool, &args.db.database_url).await?;
     let catalog = load_pool(&args.tools_dir, None, &LoaderSettings::default());
     let report = policy::files::apply_dir(
@@ -119,7 +120,7 @@ async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {
             description,
             jwks_file,
         } => {
-            let pool = db::connect(&db_args.database_url, 2).await?;
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
             let jwks = match jwks_file {
                 Some(p) => Some(serde_json::from_str(&std::fs::read_to_string(&p)?)?),
@@ -130,7 +131,7 @@ async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         ClientCommand::List { db: db_args, agent } => {
-            let pool = db::connect(&db_args.database_url, 2).await?;
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
             let clients = db::policy::clients(&pool, agent.as_deref()).await?;
             println!("{}", serde_json::to_string_pretty(&clients)?);
             Ok(ExitCode::SUCCESS)
@@ -139,7 +140,7 @@ async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {
             db: db_args,
             client_id,
         } => {
-            let pool = db::connect(&db_args.database_url, 2).await?;
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
             let mut tx = pool.begin().await?;
             let existed = db::policy::delete_client(&mut tx, "cli", &client_id).await?;
             tx.commit().await?;
@@ -171,7 +172,7 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
             event_type,
             outcome,
         } => {
-            let pool = db::connect(&db_args.database_url, 2).await?;
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
             let filter = db::audit::AuditFilter {
                 since,
                 until,
@@ -223,7 +224,7 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
                     result
                 }
                 None => {
-                    let pool = db::connect(&db_args.database_url, 2).await?;
+                    let pool = db::connect_existing(&db_args.database_url, 2).await?;
                     let mut rows =
                         std::pin::pin!(db::audit::stream(pool, db::audit::AuditFilter::default()));
                     let mut result = Ok(());
@@ -277,7 +278,7 @@ async fn admin_command(command: AdminCommand) -> anyhow::Result<ExitCode> {
             let mut line = String::new();
             std::io::stdin().lock().read_line(&mut line)?;
             let password = line.trim_end_matches(['\r', '\n']);
-            let pool = db::connect(&db_args.database_url, 2).await?;
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
             crate::web::users::create_user(&pool, "cli", &username, password, &role).await?;
             println!(

@@ -65,7 +65,7 @@ pub enum Command {
 
 #[derive(Debug, Clone, Args)]
 pub struct DbArgs {
-    /// PostgreSQL URL; the database is created if it does not exist.
+    /// PostgreSQL URL; `serve` and `migrate` create the database if it does not exist.
     #[arg(
         long,
         env = "DATABASE_URL",

@@ -31,6 +31,20 @@ pub enum ConnectError {
     Migrate { url: String, reason: String },
     #[error("invalid database URL: {0}")]
     BadUrl(String),
+    #[error(
+        "database `{name}` does not exist at {url}; check --database-url / DATABASE_URL, or create it with `toolgate migrate`"
+    )]
+    Missing { name: String, url: String },
+}
+
+/// Whether opening a database may create it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IfMissing {
+    /// For `serve` and `migrate`: a fresh install starts from nothing.
+    Create,
+    /// For every other command: a mistyped URL must not leave an empty database behind and then
+    /// answer "not found" about everything.
+    Fail,
 }
 
 /// Hides the password when a URL is printed.
@@ -46,6 +60,19 @@ pub fn redact_url(url: &str) -> String {
 
 /// Connects, creating the database if it does not exist yet.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, ConnectError> {
+    open(url, max_connections, IfMissing::Create).await
+}
+
+/// Connects to a database that must already exist.
+pub async fn connect_existing(url: &str, max_connections: u32) -> Result<PgPool, ConnectError> {
+    open(url, max_connections, IfMissing::Fail).await
+}
+
+async fn open(
+    url: &str,
+    max_connections: u32,
+    if_missing: IfMissing,
+) -> Result<PgPool, ConnectError> {
     let shown = redact_url(url);
     let options =
         PgConnectOptions::from_str(url).map_err(|e| ConnectError::BadUrl(e.to_string()))?;
@@ -55,6 +82,12 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, ConnectE
             let _ = conn.close().await;
         }
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("3D000") => {
+            if if_missing == IfMissing::Fail {
+                return Err(ConnectError::Missing {
+                    name: options.get_database().unwrap_or_default().to_owned(),
+                    url: shown,
+                });
+            }
             create_database(&options, &shown).await?;
         }
         Err(e) => {

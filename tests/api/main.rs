@@ -2,6 +2,7 @@
 
 mod apps;
 mod audit;
+mod cli;
 mod durability;
 mod helpers;
 mod mcp;

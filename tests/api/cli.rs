@@ -1,0 +1,128 @@
+//! The command line against a database URL with a typo: only `serve` and `migrate` create.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use sqlx::PgPool;
+
+use crate::helpers::repo_path;
+
+async fn database_exists(pool: &PgPool, name: &str) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The server part of the test database's URL, with a password added so that the test can see
+/// it is not printed (trust auth ignores it).
+fn url_for(pool: &PgPool, database: &str) -> String {
+    let o = pool.connect_options();
+    format!(
+        "postgres://{}:hunter2-secret@{}:{}/{database}",
+        o.get_username(),
+        o.get_host(),
+        o.get_port()
+    )
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn commands_other_than_serve_and_migrate_refuse_a_missing_database(pool: PgPool) {
+    let name = format!("toolgate_typo_{}", uuid::Uuid::new_v4().simple());
+    let url = url_for(&pool, &name);
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = out_dir.path().to_str().unwrap();
+    let policies = repo_path("policies");
+    let tools = repo_path("tools");
+    let (policies, tools) = (policies.to_str().unwrap(), tools.to_str().unwrap());
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["client", "create", "--agent", "assistant"],
+        vec!["client", "list"],
+        vec!["client", "delete", "tgc_nobody"],
+        vec!["policy", "apply", "--dir", policies, "--tools-dir", tools],
+        vec!["policy", "export", "--dir", out, "--tools-dir", tools],
+        vec!["audit", "export"],
+        vec!["audit", "verify"],
+        vec!["keys", "rotate"],
+        vec![
+            "admin",
+            "create-user",
+            "--username",
+            "ops",
+            "--role",
+            "admin",
+        ],
+    ];
+
+    for args in &commands {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(args)
+            .args(["--database-url", &url])
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"a password\n")
+            .unwrap();
+        let done = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&done.stderr);
+        let shown = args.join(" ");
+
+        assert!(!done.status.success(), "`{shown}` succeeded: {stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "`{shown}` said more than one line: {stderr}"
+        );
+        assert!(
+            lines[0].contains(&format!("database `{name}` does not exist"))
+                && lines[0].contains(&format!("@{}:", pool.connect_options().get_host())),
+            "`{shown}`: {stderr}"
+        );
+        assert!(
+            !stderr.contains("hunter2-secret"),
+            "`{shown}` printed the password: {stderr}"
+        );
+        assert!(
+            !database_exists(&pool, &name).await,
+            "`{shown}` created the database"
+        );
+    }
+
+    let migrated = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["migrate", "--database-url", &url])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+    assert!(
+        database_exists(&pool, &name).await,
+        "migrate did not create"
+    );
+    let listed = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["client", "list", "--database-url", &url])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    sqlx::query(&format!("DROP DATABASE \"{name}\" WITH (FORCE)"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
