@@ -331,10 +331,92 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
     (out, problems)
 }
 
-/// Checks the folder against the catalog: every grant must parse and match at least one
-/// tool, pinned tools must be visible, group metadata must name a served group.
-pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
+/// The largest `per_second` or `burst` accepted: the database stores them as 32-bit integers,
+/// and no sensible limit comes near.
+pub const MAX_RATE: u32 = 1_000_000;
+
+/// Finds what the database would refuse, before it is touched: grants and limit patterns that
+/// are not group or tool names, limits of zero or beyond [`MAX_RATE`], text with NUL bytes.
+/// `apply` stops on any of these, with or without `--strict`; `check` reports them too.
+pub fn validate(policies: &PolicyDir) -> Vec<Problem> {
     let mut problems = Vec::new();
+    for agent in &policies.agents {
+        let at = |line: usize, message: String| Problem {
+            file: agent.file.clone(),
+            line,
+            message,
+        };
+        for grant in &agent.front.tools {
+            let line = agent.line_of(grant.trim());
+            if grant.trim() != grant {
+                problems.push(at(line, format!("grant `{grant}` has spaces around it")));
+            } else if let Err(e) = GrantTarget::parse(grant) {
+                problems.push(at(line, e));
+            }
+        }
+        for pattern in agent.front.tool_limits.keys() {
+            if pattern.trim() != pattern || GrantTarget::parse(pattern).is_err() {
+                problems.push(at(
+                    agent.line_of(pattern.trim()),
+                    format!("`{pattern}` in tool_limits is not a group or tool name"),
+                ));
+            }
+        }
+        let limits = agent
+            .front
+            .rate_limit
+            .iter()
+            .map(|l| ("rate_limit", l))
+            .chain(agent.front.tool_limits.iter().map(|(p, l)| (p.as_str(), l)));
+        for (key, l) in limits {
+            if l.per_second == 0 || l.burst == 0 {
+                problems.push(at(
+                    agent.line_of(key),
+                    format!("`{key}`: rate limits need per_second and burst of at least 1"),
+                ));
+            } else if l.per_second > MAX_RATE || l.burst > MAX_RATE {
+                problems.push(at(
+                    agent.line_of(key),
+                    format!("`{key}`: per_second and burst may be at most {MAX_RATE}"),
+                ));
+            }
+        }
+        let texts = [
+            ("description", &agent.front.description),
+            ("the body", &agent.body),
+        ];
+        for (what, text) in texts {
+            if text.contains('\0') {
+                problems.push(at(1, format!("{what} contains a NUL character")));
+            }
+        }
+        for pin in agent.front.pinned.iter().filter(|p| p.contains('\0')) {
+            problems.push(at(
+                agent.line_of("pinned"),
+                format!("pinned tool {pin:?} contains a NUL character"),
+            ));
+        }
+    }
+    for g in &policies.groups {
+        if [&g.name, &g.description, &g.owner]
+            .iter()
+            .any(|t| t.contains('\0'))
+        {
+            problems.push(Problem {
+                file: "policies/groups.yaml".into(),
+                line: 1,
+                message: format!("group {:?} contains a NUL character", g.name),
+            });
+        }
+    }
+    problems
+}
+
+/// Checks the folder against the catalog: everything [`validate`] refuses, then every grant
+/// must match at least one tool, pinned tools must be visible, group metadata must name a
+/// served group.
+pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
+    let mut problems = validate(policies);
     let groups = catalog.group_names();
     for agent in &policies.agents {
         let mut targets = Vec::new();
@@ -351,7 +433,8 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
                 continue;
             }
             match GrantTarget::parse(grant) {
-                Err(e) => problems.push(at(e)),
+                // Reported by `validate`.
+                Err(_) => {}
                 Ok(t) => {
                     if t.matched(catalog).is_empty() {
                         let hint = match super::suggestions(grant, catalog).first() {
@@ -389,29 +472,6 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
                     file: agent.file.clone(),
                     line: agent.line_of(pin),
                     message: format!("pinned tool `{pin}` is not one of the agent's visible tools"),
-                });
-            }
-        }
-        for pattern in agent.front.tool_limits.keys() {
-            if GrantTarget::parse(pattern).is_err() {
-                problems.push(Problem {
-                    file: agent.file.clone(),
-                    line: agent.line_of(pattern),
-                    message: format!("`{pattern}` in tool_limits is not a group or tool name"),
-                });
-            }
-        }
-        for l in agent
-            .front
-            .rate_limit
-            .iter()
-            .chain(agent.front.tool_limits.values())
-        {
-            if l.per_second == 0 || l.burst == 0 {
-                problems.push(Problem {
-                    file: agent.file.clone(),
-                    line: agent.line_of("per_second"),
-                    message: "rate limits need per_second and burst of at least 1".into(),
                 });
             }
         }
@@ -708,9 +768,10 @@ pub async fn apply_dir(
     dry_run: bool,
     strict: bool,
 ) -> Result<ApplyReport, ApplyError> {
-    let (policies, syntax) = read_dir(dir);
-    if !syntax.is_empty() {
-        return Err(ApplyError::Invalid(syntax));
+    let (policies, mut invalid) = read_dir(dir);
+    invalid.extend(validate(&policies));
+    if !invalid.is_empty() {
+        return Err(ApplyError::Invalid(invalid));
     }
     let warnings = check(&policies, catalog);
     if strict && !warnings.is_empty() {

@@ -120,3 +120,95 @@ async fn apply_makes_the_database_match_the_folder_and_warns_on_zero_match(pool:
     .unwrap();
     assert!(changes >= 1, "grant changes were not recorded");
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn apply_refuses_invalid_grants_and_limits_with_file_and_line(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent_dir = dir.path().join("policies/agents/intruder");
+    std::fs::create_dir_all(&agent_dir).unwrap();
+    std::fs::write(
+        agent_dir.join("agent.md"),
+        "---\ndescription: tries what the database refuses\ntools:\n  - search\n  - \"weather current\"\n  - \"../etc\"\nrate_limit: {per_second: 0, burst: 1}\ntool_limits:\n  \"se arch\": {per_second: 1, burst: 3000000000}\n---\nBody.\n",
+    )
+    .unwrap();
+    let policies = dir.path().join("policies");
+    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+    let err = toolgate::policy::files::apply_dir(
+        &pool,
+        &policies,
+        &app.state.policy.catalog(),
+        "test",
+        false,
+        false,
+    )
+    .await
+    .unwrap_err();
+    let toolgate::policy::files::ApplyError::Invalid(problems) = &err else {
+        panic!("not refused as invalid: {err}");
+    };
+    let shown: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    let file = "policies/agents/intruder/agent.md";
+    for expected in [
+        format!("{file}:5: `weather current` is not a valid group name"),
+        format!("{file}:6: `../etc` is not a valid group name"),
+        format!("{file}:7: `rate_limit`: rate limits need per_second and burst of at least 1"),
+        format!("{file}:9: `se arch` in tool_limits is not a group or tool name"),
+        format!("{file}:9: `se arch`: per_second and burst may be at most 1000000"),
+    ] {
+        assert!(
+            shown.iter().any(|s| s.starts_with(&expected)),
+            "missing {expected:?} in {shown:#?}"
+        );
+    }
+    let agents: i64 = sqlx::query_scalar("SELECT count(*) FROM agents WHERE name = 'intruder'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(agents, 0, "an invalid folder was partly applied");
+    assert_eq!(before, after, "an invalid folder left admin changes");
+
+    // The command line says the same, and no raw database error.
+    let o = pool.connect_options();
+    let url = format!(
+        "postgres://{}@{}:{}/{}",
+        o.get_username(),
+        o.get_host(),
+        o.get_port(),
+        o.get_database().unwrap()
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["policy", "apply", "--database-url", &url, "--dir"])
+        .arg(&policies)
+        .arg("--tools-dir")
+        .arg(repo_path("tools"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("{file}:5:")), "{stderr}");
+    assert!(!stderr.contains("constraint"), "{stderr}");
+
+    // `policy check` reports them as well.
+    let check = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["policy", "check", "--dir"])
+        .arg(&policies)
+        .arg("--tools-dir")
+        .arg(repo_path("tools"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&check.stdout);
+    assert!(!check.status.success());
+    assert!(
+        stdout.contains(&format!("{file}:9: `se arch`: per_second")),
+        "{stdout}"
+    );
+}
