@@ -1,12 +1,14 @@
-//! Rate limits: per agent, per agent × tool pattern (both from the policy snapshot), and per
-//! client IP on the token endpoint. Counters live in this process: with several instances
-//! each enforces the limit on its own share of the traffic.
+//! Rate limits: per agent, per agent × tool pattern (both from the policy snapshot), per
+//! client IP on the token endpoint, and failed credential checks per source IP and per
+//! client id. Counters live in this process: with several instances each enforces the limit on
+//! its own share of the traffic.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
@@ -25,7 +27,117 @@ type Key = (String, Option<String>);
 pub struct RateLimits {
     agents: Mutex<HashMap<Key, (RateLimitRecord, Arc<DefaultDirectRateLimiter>)>>,
     token_ip: DefaultKeyedRateLimiter<IpAddr>,
+    failed_by_ip: Failures<IpAddr>,
+    failed_by_client: Failures<String>,
     clock: DefaultClock,
+}
+
+/// Failed credential checks one source IP may make at once, then one more per second. One
+/// budget for every endpoint that checks a credential (`/oauth/token`, `/oauth/revoke`,
+/// `/oauth/introspect`, the admin API), so spreading guesses over them gains nothing.
+pub const FAILURES_PER_IP: (u32, Duration) = (20, Duration::from_secs(1));
+/// Failed checks against one client id at once, then one more every 2 s: bounds the guesses at
+/// one client's secret however many addresses the guesser has.
+pub const FAILURES_PER_CLIENT: (u32, Duration) = (10, Duration::from_secs(2));
+/// Distinct sources remembered per failure limiter; beyond it, new sources are refused until
+/// old ones have recovered (a spray of addresses must not grow memory without bound).
+const MAX_TRACKED: usize = 100_000;
+/// Client ids are attacker-chosen text: only this much of one is a key.
+const MAX_CLIENT_KEY: usize = 128;
+
+/// A generic cell rate algorithm per key, written out because the check must be charged up
+/// front and refunded on success, which `governor` cannot do: charging only after a failure
+/// would let a burst of concurrent guesses all pass the check before any is counted.
+struct Failures<K> {
+    /// Per key, the theoretical arrival time of the next charge.
+    tat: Mutex<HashMap<K, Instant>>,
+    burst: u32,
+    every: Duration,
+}
+
+impl<K: Eq + Hash + Clone> Failures<K> {
+    fn new((burst, every): (u32, Duration)) -> Self {
+        Self {
+            tat: Mutex::new(HashMap::new()),
+            burst: burst.max(1),
+            every,
+        }
+    }
+
+    /// Charges one failure to `key`, or says how long to wait when its budget is spent.
+    fn charge(&self, key: &K, now: Instant) -> Result<(), Duration> {
+        let mut map = self.tat.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= MAX_TRACKED && !map.contains_key(key) {
+            map.retain(|_, tat| *tat > now);
+            if map.len() >= MAX_TRACKED {
+                return Err(self.every);
+            }
+        }
+        let tat = map.get(key).copied().unwrap_or(now).max(now);
+        let next = tat + self.every;
+        let window = self.every * self.burst;
+        if next.duration_since(now) > window {
+            return Err(next.duration_since(now) - window);
+        }
+        map.insert(key.clone(), next);
+        Ok(())
+    }
+
+    /// Takes back a charge: the credential turned out right.
+    fn refund(&self, key: &K) {
+        let mut map = self.tat.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tat) = map.get_mut(key) {
+            *tat = tat.checked_sub(self.every).unwrap_or(*tat);
+        }
+    }
+
+    fn shrink(&self, now: Instant) {
+        let mut map = self.tat.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, tat| *tat > now);
+    }
+}
+
+/// The address a failure is charged to: IPv6 by /64, since one host usually holds a whole /64.
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => {
+            let mut o = v6.octets();
+            o[8..].fill(0);
+            IpAddr::V6(o.into())
+        }
+        v4 => v4,
+    }
+}
+
+/// One credential check in progress, already counted as a failure against its source and
+/// client id; [`CredentialAttempt::succeeded`] takes that back. Dropping it unsettled (a wrong
+/// credential, or a request abandoned halfway) leaves the failure counted.
+#[must_use = "a credential attempt counts as failed unless `succeeded` is called"]
+pub struct CredentialAttempt<'a> {
+    limits: &'a RateLimits,
+    ip: Option<IpAddr>,
+    client: Option<String>,
+}
+
+impl CredentialAttempt<'_> {
+    /// The credential was right: no failure is counted.
+    pub fn succeeded(self) {
+        self.refund();
+    }
+
+    /// The check could not be made (overload, database down): no failure is counted.
+    pub fn not_checked(self) {
+        self.refund();
+    }
+
+    fn refund(self) {
+        if let Some(ip) = &self.ip {
+            self.limits.failed_by_ip.refund(ip);
+        }
+        if let Some(c) = &self.client {
+            self.limits.failed_by_client.refund(c);
+        }
+    }
 }
 
 impl RateLimits {
@@ -33,8 +145,36 @@ impl RateLimits {
         Self {
             agents: Mutex::new(HashMap::new()),
             token_ip: RateLimiter::keyed(quota(token_per_second, token_burst)),
+            failed_by_ip: Failures::new(FAILURES_PER_IP),
+            failed_by_client: Failures::new(FAILURES_PER_CLIENT),
             clock: DefaultClock::default(),
         }
+    }
+
+    /// Admits one credential check from `ip` for `client_id` (either may be unknown), before
+    /// any work is done for it; the wait before retrying when either has failed too often.
+    pub fn credential_attempt(
+        &self,
+        ip: Option<IpAddr>,
+        client_id: Option<&str>,
+    ) -> Result<CredentialAttempt<'_>, Duration> {
+        let now = Instant::now();
+        let ip = ip.map(source_key);
+        let client = client_id.map(|c| c.chars().take(MAX_CLIENT_KEY).collect::<String>());
+        if let Some(ip) = &ip {
+            self.failed_by_ip.charge(ip, now)?;
+        }
+        if let Some(c) = &client
+            && let Err(wait) = self.failed_by_client.charge(c, now)
+        {
+            // Not admitted: the source is charged for the try, the client id is not.
+            return Err(wait);
+        }
+        Ok(CredentialAttempt {
+            limits: self,
+            ip,
+            client,
+        })
     }
 
     fn limiter(&self, agent: &str, limit: &RateLimitRecord) -> Arc<DefaultDirectRateLimiter> {
@@ -81,6 +221,9 @@ impl RateLimits {
     /// Forgets idle keys so memory stays bounded.
     pub fn shrink(&self) {
         self.token_ip.retain_recent();
+        let now = Instant::now();
+        self.failed_by_ip.shrink(now);
+        self.failed_by_client.shrink(now);
     }
 }
 
@@ -119,6 +262,48 @@ mod tests {
         assert!(limits.check(&a, Some("x__y")).is_ok());
         let wait = limits.check(&a, Some("x__y")).unwrap_err();
         assert!(wait > Duration::ZERO && wait <= Duration::from_secs(1));
+    }
+
+    #[test]
+    fn failures_are_refused_beyond_the_burst_and_successes_are_refunded() {
+        let limits = RateLimits::new(10, 10);
+        let ip: IpAddr = "192.0.2.7".parse().unwrap();
+        for _ in 0..FAILURES_PER_IP.0 + 5 {
+            limits
+                .credential_attempt(Some(ip), None)
+                .unwrap()
+                .succeeded();
+        }
+        for i in 0..FAILURES_PER_IP.0 {
+            let _failed = limits
+                .credential_attempt(Some(ip), Some(&format!("c{i}")))
+                .unwrap();
+        }
+        let wait = limits.credential_attempt(Some(ip), None).err().unwrap();
+        assert!(wait > Duration::ZERO && wait <= FAILURES_PER_IP.1);
+        let other: IpAddr = "192.0.2.8".parse().unwrap();
+        assert!(limits.credential_attempt(Some(other), None).is_ok());
+    }
+
+    #[test]
+    fn a_client_id_is_limited_across_addresses_and_ipv6_counts_per_64() {
+        let limits = RateLimits::new(10, 10);
+        for i in 0..FAILURES_PER_CLIENT.0 {
+            let ip: IpAddr = format!("198.51.100.{i}").parse().unwrap();
+            let _failed = limits.credential_attempt(Some(ip), Some("tgc_x")).unwrap();
+        }
+        let fresh: IpAddr = "203.0.113.1".parse().unwrap();
+        assert!(
+            limits
+                .credential_attempt(Some(fresh), Some("tgc_x"))
+                .is_err()
+        );
+        for i in 0..FAILURES_PER_IP.0 {
+            let ip: IpAddr = format!("2001:db8::{i:x}").parse().unwrap();
+            let _failed = limits.credential_attempt(Some(ip), None).unwrap();
+        }
+        let same_64: IpAddr = "2001:db8::ffff".parse().unwrap();
+        assert!(limits.credential_attempt(Some(same_64), None).is_err());
     }
 
     #[test]

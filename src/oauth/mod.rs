@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use crate::app::AppState;
-use crate::audit::{AuditEvent, EventKind, Outcome};
+use crate::audit::{AuditEvent, EventKind, Outcome, RequestOrigin};
 use crate::auth::token::{self, AccessClaims, sign};
 use crate::auth::{keys, secrets};
 use crate::db;
@@ -111,6 +111,7 @@ pub struct OAuthError {
     error: &'static str,
     description: String,
     basic_challenge: bool,
+    retry_after: Option<u64>,
 }
 
 impl OAuthError {
@@ -120,6 +121,7 @@ impl OAuthError {
             error,
             description: description.into(),
             basic_challenge: false,
+            retry_after: None,
         }
     }
     fn invalid_client(description: impl Into<String>) -> Self {
@@ -128,6 +130,44 @@ impl OAuthError {
             ..Self::new(StatusCode::UNAUTHORIZED, "invalid_client", description)
         }
     }
+    /// Too many failed credential checks from this source or for this client id.
+    fn slow_down(wait: std::time::Duration) -> Self {
+        Self {
+            retry_after: Some(retry_secs(wait)),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "slow_down",
+                "too many failed client authentications; retry later",
+            )
+        }
+    }
+    /// Every secret verification is taken; refused without a guess being made or counted.
+    fn busy() -> Self {
+        Self {
+            retry_after: Some(1),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "temporarily_unavailable",
+                "too many client authentications at once; retry shortly",
+            )
+        }
+    }
+    /// Whether this error is about the presented credential (audited as `client_auth.failed`).
+    fn is_credential_failure(&self) -> bool {
+        matches!(self.error, "invalid_client" | "slow_down") || self.retry_after.is_some()
+    }
+    /// The audit outcome of a refused credential.
+    fn outcome(&self) -> Outcome {
+        match self.status {
+            StatusCode::TOO_MANY_REQUESTS => Outcome::RateLimited,
+            StatusCode::SERVICE_UNAVAILABLE => Outcome::Busy,
+            _ => Outcome::Denied,
+        }
+    }
+}
+
+fn retry_secs(wait: std::time::Duration) -> u64 {
+    wait.as_secs_f64().ceil().max(1.0) as u64
 }
 
 impl IntoResponse for OAuthError {
@@ -143,8 +183,46 @@ impl IntoResponse for OAuthError {
         {
             r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
         }
+        if let Some(secs) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
         r
     }
+}
+
+/// The source address of a request, as the failure limits count it.
+fn source_ip(origin: Option<&RequestOrigin>) -> Option<std::net::IpAddr> {
+    origin
+        .and_then(|o| o.remote_addr.as_deref())
+        .and_then(|a| a.parse().ok())
+}
+
+/// Records a refused client authentication without waiting on the audit log: outsiders'
+/// failures must never be slowed or blocked by it.
+fn audit_failure(
+    state: &AppState,
+    origin: Option<&RequestOrigin>,
+    endpoint: &str,
+    client_id: Option<String>,
+    err: &OAuthError,
+) {
+    let mut e = AuditEvent::new(EventKind::ClientAuthFailed, err.outcome()).from_origin(origin);
+    e.client_id = client_id;
+    e.resource = Some(endpoint.to_owned());
+    e.error = Some(format!("{}: {}", err.error, err.description));
+    state.audit.record_detached(e);
+}
+
+/// The client id a request claims, whichever authentication method it uses.
+fn claimed_client_id(headers: &HeaderMap, form: &HashMap<String, String>) -> Option<String> {
+    form.get("client_id")
+        .cloned()
+        .or_else(|| basic_credentials(headers).map(|(id, _)| id))
+        .or_else(|| {
+            form.get("client_assertion")
+                .and_then(|a| unverified_claim(a, "sub"))
+        })
 }
 
 /// An authenticated OAuth client.
@@ -170,8 +248,34 @@ fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
 }
 
 /// Authenticates the client with exactly one of client_secret_basic, client_secret_post or
-/// private_key_jwt.
+/// private_key_jwt, within the failure limits of its source address and client id: a source
+/// or client id that failed too often is refused before any lookup or hashing.
 pub async fn authenticate_client(
+    state: &AppState,
+    headers: &HeaderMap,
+    form: &HashMap<String, String>,
+    origin: Option<&RequestOrigin>,
+) -> Result<AuthenticatedClient, OAuthError> {
+    let client_id = claimed_client_id(headers, form);
+    let attempt = state
+        .limits
+        .credential_attempt(source_ip(origin), client_id.as_deref())
+        .map_err(OAuthError::slow_down)?;
+    match check_client(state, headers, form).await {
+        Ok(client) => {
+            attempt.succeeded();
+            Ok(client)
+        }
+        // Nothing was checked (no verification slot, or no database): no failure either.
+        Err(e) if e.status == StatusCode::SERVICE_UNAVAILABLE => {
+            attempt.not_checked();
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+async fn check_client(
     state: &AppState,
     headers: &HeaderMap,
     form: &HashMap<String, String>,
@@ -220,10 +324,10 @@ pub async fn authenticate_client(
             )
         })?;
     let stored = client.as_ref().and_then(|c| c.secret_hash.clone());
-    // argon2 is deliberately slow: keep it off the async workers.
-    let ok = tokio::task::spawn_blocking(move || secrets::verify(&secret, stored.as_deref()))
+    let ok = secrets::VERIFIER
+        .check(secret, stored)
         .await
-        .unwrap_or(false);
+        .map_err(|_| OAuthError::busy())?;
     match client {
         Some(c) if ok => Ok(AuthenticatedClient {
             client_id: c.client_id,
@@ -372,7 +476,7 @@ async fn token(
             .from_origin(origin.as_ref());
         e.client_id = form.get("client_id").cloned();
         state.audit.record_detached(e);
-        let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+        let secs = retry_secs(wait);
         return (
             StatusCode::TOO_MANY_REQUESTS,
             [(header::RETRY_AFTER, secs.to_string()), (header::CACHE_CONTROL, "no-store".to_owned())],
@@ -380,7 +484,7 @@ async fn token(
         )
             .into_response();
     }
-    match issue_token(&state, &headers, &form).await {
+    match issue_token(&state, &headers, &form, origin.as_ref()).await {
         Ok((body, claims)) => {
             let mut e = AuditEvent::new(EventKind::TokenIssued, Outcome::Success)
                 .from_origin(origin.as_ref());
@@ -409,18 +513,16 @@ async fn token(
                 .into_response()
         }
         Err(err) => {
-            let kind_ = if err.error == "invalid_client" {
-                EventKind::ClientAuthFailed
+            let client_id = claimed_client_id(&headers, &form);
+            if err.is_credential_failure() {
+                audit_failure(&state, origin.as_ref(), "/oauth/token", client_id, &err);
             } else {
-                EventKind::TokenIssued
-            };
-            let mut e = AuditEvent::new(kind_, Outcome::Denied).from_origin(origin.as_ref());
-            e.client_id = form
-                .get("client_id")
-                .cloned()
-                .or_else(|| basic_credentials(&headers).map(|(id, _)| id));
-            e.error = Some(format!("{}: {}", err.error, err.description));
-            state.audit.record_detached(e);
+                let mut e = AuditEvent::new(EventKind::TokenIssued, Outcome::Denied)
+                    .from_origin(origin.as_ref());
+                e.client_id = client_id;
+                e.error = Some(format!("{}: {}", err.error, err.description));
+                state.audit.record_detached(e);
+            }
             err.into_response()
         }
     }
@@ -430,8 +532,9 @@ async fn issue_token(
     state: &AppState,
     headers: &HeaderMap,
     form: &HashMap<String, String>,
+    origin: Option<&RequestOrigin>,
 ) -> Result<(Value, AccessClaims), OAuthError> {
-    let client = authenticate_client(state, headers, form).await?;
+    let client = authenticate_client(state, headers, form, origin).await?;
     match form.get("grant_type").map(String::as_str) {
         Some("client_credentials") => {}
         Some(other) => {
@@ -522,12 +625,20 @@ fn decode_ours(state: &AppState, token: &str, check_exp: bool) -> Option<AccessC
 
 async fn revoke(
     State(state): State<AppState>,
+    origin: Option<axum::Extension<RequestOrigin>>,
     headers: HeaderMap,
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
-    let client = match authenticate_client(&state, &headers, &form).await {
+    let origin = origin.map(|o| o.0);
+    let client = match authenticate_client(&state, &headers, &form, origin.as_ref()).await {
         Ok(c) => c,
-        Err(e) => return e.into_response(),
+        Err(e) => {
+            if e.is_credential_failure() {
+                let client_id = claimed_client_id(&headers, &form);
+                audit_failure(&state, origin.as_ref(), "/oauth/revoke", client_id, &e);
+            }
+            return e.into_response();
+        }
     };
     let Some(token) = form.get("token") else {
         return OAuthError::new(
@@ -569,16 +680,15 @@ async fn revoke(
 
 async fn introspect(
     State(state): State<AppState>,
+    origin: Option<axum::Extension<RequestOrigin>>,
     headers: HeaderMap,
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
-    if !crate::api::is_admin_token(&state, &headers) {
-        return (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            Json(json!({"error": "invalid_client"})),
-        )
-            .into_response();
+    let origin = origin.map(|o| o.0);
+    if let Err(refused) =
+        crate::api::check_admin_token(&state, &headers, origin.as_ref(), "/oauth/introspect")
+    {
+        return refused.into_response("Bearer", json!({"error": "invalid_client"}));
     }
     let inactive = Json(json!({"active": false})).into_response();
     let Some(token) = form.get("token") else {

@@ -3,6 +3,7 @@
 mod apps;
 mod audit;
 mod cli;
+mod credentials;
 mod durability;
 mod helpers;
 mod mcp;
