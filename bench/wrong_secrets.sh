@@ -19,7 +19,7 @@ cleanup() {
   dropdb --if-exists -h 127.0.0.1 -U root "$db" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-$bin migrate --database-url "$url" >/dev/null
+$bin migrate --database-url "$url" >/dev/null 2>&1
 $bin policy apply --database-url "$url" --dir policies --tools-dir tools >/dev/null
 ids=()
 for _ in $(seq "$outsiders"); do
