@@ -27,13 +27,24 @@ pub struct ChainedEvent {
     pub prev_hash: String,
     pub hash: String,
     pub instance: String,
+    /// Set when the stored text differs from what was submitted (see [`sanitize`]) or the
+    /// row was isolated from a batch the database refused: a JSON object saying what and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flags: Option<String>,
     #[serde(flatten)]
     pub event: AuditEvent,
 }
 
-/// The exact bytes that are hashed: a JSON array with a fixed field order.
-pub fn canonical(chain: &str, seq: i64, instance: &str, e: &AuditEvent) -> String {
-    json!([
+/// The exact bytes that are hashed: a JSON array with a fixed field order. `flags` is
+/// appended only when present, so rows written before it existed keep their hashes.
+pub fn canonical(
+    chain: &str,
+    seq: i64,
+    instance: &str,
+    flags: Option<&str>,
+    e: &AuditEvent,
+) -> String {
+    let mut fields = json!([
         chain,
         seq,
         instance,
@@ -59,8 +70,11 @@ pub fn canonical(chain: &str, seq: i64, instance: &str, e: &AuditEvent) -> Strin
         e.result_sha256,
         e.result,
         e.details,
-    ])
-    .to_string()
+    ]);
+    if let (Some(f), Some(a)) = (flags, fields.as_array_mut()) {
+        a.push(json!(f));
+    }
+    fields.to_string()
 }
 
 pub fn link(prev_hash: &str, canonical: &str) -> String {
@@ -71,10 +85,28 @@ pub fn link(prev_hash: &str, canonical: &str) -> String {
     hex::encode(h.finalize())
 }
 
-/// Appends `event` after a chain's last `(seq, hash)`.
+/// Appends `event` after a chain's last `(seq, hash)`, sanitized first: every row that is
+/// hashed and stored went through here, whoever built the event.
 pub fn extend(chain: &str, last: (i64, &str), instance: &str, event: AuditEvent) -> ChainedEvent {
+    let mut event = event;
+    let changed = sanitize(&mut event);
+    let flags = (!changed.is_empty()).then(|| json!({ "sanitized": changed }).to_string());
+    extend_flagged(chain, last, instance, flags, event)
+}
+
+/// Like [`extend`], with `flags` given and `event` taken as it is (already made safe).
+pub fn extend_flagged(
+    chain: &str,
+    last: (i64, &str),
+    instance: &str,
+    flags: Option<String>,
+    event: AuditEvent,
+) -> ChainedEvent {
     let seq = last.0 + 1;
-    let hash = link(last.1, &canonical(chain, seq, instance, &event));
+    let hash = link(
+        last.1,
+        &canonical(chain, seq, instance, flags.as_deref(), &event),
+    );
     ChainedEvent {
         id: None,
         chain: chain.to_owned(),
@@ -82,8 +114,142 @@ pub fn extend(chain: &str, last: (i64, &str), instance: &str, event: AuditEvent)
         prev_hash: last.1.to_owned(),
         hash,
         instance: instance.to_owned(),
+        flags,
         event,
     }
+}
+
+/// Longest identifier-like field kept (names, ids, addresses, user agents).
+pub const MAX_SHORT_FIELD: usize = 1024;
+/// Longest free-text field kept (error, arguments, result, details).
+pub const MAX_LONG_FIELD: usize = 1 << 20;
+
+/// The text a NUL byte is stored as. It is the JSON escape of NUL, so JSON text (arguments,
+/// details) stays valid JSON meaning the same thing; in plain fields the row's flags say
+/// the field was rewritten.
+pub const NUL_ESCAPE: &str = "\\u0000";
+
+/// Makes every text field storable, whatever a caller put in it: Postgres refuses NUL in
+/// text (and one refused row would fail the whole group-commit batch), and a field past its
+/// size cap is cut. Returns the names of the fields it changed. Rust strings are valid
+/// UTF-8 by construction; bytes from the wire are decoded lossily before they get here.
+pub fn sanitize(e: &mut AuditEvent) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    let mut one = |name: &'static str, v: &mut String, cap: usize| {
+        if clean(v, cap) {
+            changed.push(name);
+        }
+    };
+    one("event_type", &mut e.event_type, MAX_SHORT_FIELD);
+    one("outcome", &mut e.outcome, MAX_SHORT_FIELD);
+    for (name, v, cap) in [
+        ("agent", &mut e.agent, MAX_SHORT_FIELD),
+        ("client_id", &mut e.client_id, MAX_SHORT_FIELD),
+        ("jti", &mut e.jti, MAX_SHORT_FIELD),
+        ("admin_user", &mut e.admin_user, MAX_SHORT_FIELD),
+        ("tool", &mut e.tool, MAX_SHORT_FIELD),
+        ("resource", &mut e.resource, MAX_SHORT_FIELD),
+        ("remote_addr", &mut e.remote_addr, MAX_SHORT_FIELD),
+        ("user_agent", &mut e.user_agent, MAX_SHORT_FIELD),
+        ("request_id", &mut e.request_id, MAX_SHORT_FIELD),
+        ("call_id", &mut e.call_id, MAX_SHORT_FIELD),
+        ("result_sha256", &mut e.result_sha256, MAX_SHORT_FIELD),
+        ("error", &mut e.error, MAX_LONG_FIELD),
+        ("arguments", &mut e.arguments, MAX_LONG_FIELD),
+        ("result", &mut e.result, MAX_LONG_FIELD),
+        ("details", &mut e.details, MAX_LONG_FIELD),
+    ] {
+        if let Some(v) = v {
+            one(name, v, cap);
+        }
+    }
+    changed
+}
+
+/// Escapes NUL and cuts `v` to `cap` bytes (on a character boundary); true if it changed.
+fn clean(v: &mut String, cap: usize) -> bool {
+    let mut changed = false;
+    if v.contains('\0') {
+        *v = v.replace('\0', NUL_ESCAPE);
+        changed = true;
+    }
+    if v.len() > cap {
+        let mut end = cap;
+        while !v.is_char_boundary(end) {
+            end -= 1;
+        }
+        let cut = v.len() - end;
+        v.truncate(end);
+        v.push_str(&format!("...[{cut} bytes cut]"));
+        changed = true;
+    }
+    changed
+}
+
+/// The last resort for a row the database refused even sanitized: every character outside
+/// printable ASCII escaped, every field cut short, and the reason kept in its flags.
+pub fn quarantine(event: &AuditEvent, error: &str) -> (AuditEvent, String) {
+    const CAP: usize = 8192;
+    let ascii = |s: &str| -> String {
+        let mut out = String::with_capacity(s.len().min(CAP));
+        for c in s.chars() {
+            if out.len() >= CAP {
+                out.push_str("...[cut]");
+                break;
+            }
+            if c == ' ' || c.is_ascii_graphic() {
+                out.push(c);
+            } else {
+                out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+            }
+        }
+        out
+    };
+    let o = |v: &Option<String>| v.as_deref().map(ascii);
+    let e = AuditEvent {
+        at: event.at,
+        event_type: ascii(&event.event_type),
+        outcome: ascii(&event.outcome),
+        agent: o(&event.agent),
+        client_id: o(&event.client_id),
+        jti: o(&event.jti),
+        admin_user: o(&event.admin_user),
+        tool: o(&event.tool),
+        resource: o(&event.resource),
+        remote_addr: o(&event.remote_addr),
+        user_agent: o(&event.user_agent),
+        request_id: o(&event.request_id),
+        call_id: o(&event.call_id),
+        exit_code: event.exit_code,
+        error: o(&event.error),
+        latency_us: event.latency_us,
+        bytes_in: event.bytes_in,
+        bytes_out: event.bytes_out,
+        arguments: o(&event.arguments),
+        result_sha256: o(&event.result_sha256),
+        result: o(&event.result),
+        details: o(&event.details),
+    };
+    let flags = json!({"isolated": ascii(error), "escaped": "non-ASCII and control characters as \\u{hex}"});
+    (e, flags.to_string())
+}
+
+/// What is left of a row when even its escaped form was refused: when and what kind, the
+/// refusal, and the hash of the original content so that it can still be matched.
+pub fn placeholder(event: &AuditEvent, error: &str) -> (AuditEvent, String) {
+    let (q, flags) = quarantine(event, error);
+    let mut h = Sha256::new();
+    h.update(serde_json::to_vec(event).unwrap_or_default());
+    let e = AuditEvent {
+        at: event.at,
+        event_type: q.event_type,
+        outcome: q.outcome,
+        ..AuditEvent::default()
+    };
+    let mut flags: serde_json::Value = serde_json::from_str(&flags).unwrap_or_default();
+    flags["placeholder"] = json!(true);
+    flags["original_sha256"] = json!(hex::encode(h.finalize()));
+    (e, flags.to_string())
 }
 
 /// The first problem found while walking chains.
@@ -115,7 +281,13 @@ impl Verifier {
         };
         let expected = link(
             &row.prev_hash,
-            &canonical(&row.chain, row.chain_seq, &row.instance, &row.event),
+            &canonical(
+                &row.chain,
+                row.chain_seq,
+                &row.instance,
+                row.flags.as_deref(),
+                &row.event,
+            ),
         );
         if expected != row.hash {
             return Err(broken(
@@ -190,5 +362,31 @@ mod tests {
         let mut v = Verifier::default();
         v.check(&a).unwrap();
         assert!(v.check(&c).unwrap_err().reason.contains("missing"));
+    }
+
+    #[test]
+    fn nul_is_escaped_oversized_fields_are_cut_and_the_row_says_so() {
+        let mut e = ev(1);
+        e.client_id = Some("a\0b".into());
+        e.user_agent = Some("é".repeat(MAX_SHORT_FIELD));
+        let row = extend("c", (0, GENESIS), "i", e);
+        assert_eq!(row.event.client_id.as_deref(), Some("a\\u0000b"));
+        let ua = row.event.user_agent.as_deref().unwrap();
+        assert!(
+            ua.len() < MAX_SHORT_FIELD + 32 && ua.ends_with("bytes cut]"),
+            "{ua}"
+        );
+        assert_eq!(
+            row.flags.as_deref(),
+            Some(r#"{"sanitized":["client_id","user_agent"]}"#)
+        );
+        // The flags are part of what is hashed.
+        let mut v = Verifier::default();
+        let mut unflagged = row.clone();
+        unflagged.flags = None;
+        assert!(v.check(&unflagged).is_err());
+        assert!(Verifier::default().check(&row).is_ok());
+        // A clean event is stored as it is, unflagged.
+        assert_eq!(extend("c", (0, GENESIS), "i", ev(2)).flags, None);
     }
 }

@@ -18,7 +18,7 @@ impl Format {
     }
 }
 
-pub const CSV_HEADER: [&str; 30] = [
+pub const CSV_HEADER: [&str; 31] = [
     "id",
     "at",
     "chain",
@@ -49,6 +49,7 @@ pub const CSV_HEADER: [&str; 30] = [
     "details",
     "at_unix_us",
     "format",
+    "flags",
 ];
 
 /// A cell a spreadsheet would run as a formula gets a leading apostrophe.
@@ -101,6 +102,7 @@ pub fn csv_line(r: &ChainedEvent) -> Vec<u8> {
         s(&e.details),
         e.at.timestamp_micros().to_string(),
         "toolgate-audit-v1".to_owned(),
+        csv_safe(r.flags.as_deref().unwrap_or("")),
     ];
     let mut w = csv::Writer::from_writer(Vec::new());
     let _ = w.write_record(&record);

@@ -16,6 +16,7 @@ use crate::db;
 
 /// Largest batch written in one insert.
 const MAX_BATCH: usize = 1024;
+const _: () = assert!(MAX_BATCH <= db::audit::MAX_INSERT_ROWS);
 /// Queue depth before callers wait for room (back-pressure instead of unbounded memory).
 const QUEUE: usize = 8192;
 
@@ -112,8 +113,10 @@ async fn run(
     mut rx: mpsc::Receiver<Pending>,
     healthy: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) {
-    let mut last_seq: i64 = 0;
-    let mut last_hash = GENESIS.to_owned();
+    let mut head: Link = (0, GENESIS.to_owned());
+    // After a failed write the database may hold more of this chain than we know (a commit
+    // whose answer was lost): the head is read back before the chain is extended again.
+    let mut resync = false;
     let mut months: HashSet<String> = HashSet::new();
     let mut batch: Vec<Pending> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.recv().await {
@@ -125,54 +128,191 @@ async fn run(
                 Err(_) => break,
             }
         }
-        let mut seq = last_seq;
-        let mut hash = last_hash.clone();
-        let rows: Vec<ChainedEvent> = batch
-            .iter()
-            .map(|p| {
-                let row = chain::extend(&chain, (seq, &hash), &instance, p.event.clone());
-                seq = row.chain_seq;
-                hash = row.hash.clone();
-                row
-            })
+        let events: Vec<AuditEvent> = batch
+            .iter_mut()
+            .map(|p| std::mem::take(&mut p.event))
             .collect();
-        let result = write(&pool, &rows, &mut months).await;
-        healthy.store(result.is_ok(), std::sync::atomic::Ordering::Relaxed);
-        match &result {
-            Ok(()) => {
-                // The chain advances only over rows that are really stored.
-                last_seq = seq;
-                last_hash = hash;
+        let results = if resync {
+            match db::audit::last_link(&pool, &chain).await {
+                Ok(last) => {
+                    head = last.unwrap_or((0, GENESIS.to_owned()));
+                    resync = false;
+                    write(&pool, &chain, &instance, &mut head, &events, &mut months).await
+                }
+                Err(e) => vec![Err(e.to_string()); events.len()],
             }
-            Err(e) => tracing::error!(error = %e, rows = rows.len(), "writing audit events failed"),
+        } else {
+            write(&pool, &chain, &instance, &mut head, &events, &mut months).await
+        };
+        let failed = results.iter().filter(|r| r.is_err()).count();
+        if failed > 0 {
+            resync = true;
+            tracing::error!(
+                error = results
+                    .iter()
+                    .find_map(|r| r.clone().err())
+                    .unwrap_or_default(),
+                rows = events.len(),
+                failed,
+                "writing audit events failed"
+            );
         }
-        for p in batch.drain(..) {
+        healthy.store(failed == 0, std::sync::atomic::Ordering::Relaxed);
+        for (p, r) in batch.drain(..).zip(results) {
             if let Some(done) = p.done {
-                let _ = done.send(result.clone().map_err(|e| AuditUnavailable(e.clone())));
+                let _ = done.send(r.map_err(AuditUnavailable));
             }
         }
     }
 }
 
+/// A chain's last `(chain_seq, hash)`.
+type Link = (i64, String);
+
+/// How long one batch may take, isolation of refused rows included.
+const WRITE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Writes `events` after `head` in one insert and advances `head` over what is stored.
+///
+/// If the database refuses the batch for its content, the batch is halved until the refused
+/// rows are alone; each of those is stored escaped and flagged (or, refused again, as a
+/// placeholder), so one hostile value never fails anyone else's row. Rows are re-chained
+/// at every attempt: the chain runs only over stored rows, in order.
 async fn write(
     pool: &PgPool,
-    rows: &[ChainedEvent],
+    chain: &str,
+    instance: &str,
+    head: &mut Link,
+    events: &[AuditEvent],
     months: &mut HashSet<String>,
+) -> Vec<Result<(), String>> {
+    let mut results: Vec<Result<(), String>> = vec![Err("not written".into()); events.len()];
+    let deadline = tokio::time::Instant::now() + WRITE_DEADLINE;
+    if let Err(e) = ensure_partitions(pool, events, months, deadline).await {
+        return vec![Err(e); events.len()];
+    }
+    let mut todo: std::collections::VecDeque<(usize, usize)> = [(0, events.len())].into();
+    while let Some((lo, hi)) = todo.pop_front() {
+        let rows = chained(chain, instance, head, &events[lo..hi]);
+        match insert(pool, &rows, deadline).await {
+            Ok(()) => {
+                advance(head, &rows);
+                results[lo..hi].iter_mut().for_each(|r| *r = Ok(()));
+            }
+            Err(Refusal::Data(e)) if hi - lo > 1 => {
+                let mid = lo + (hi - lo) / 2;
+                todo.push_front((mid, hi));
+                todo.push_front((lo, mid));
+                tracing::debug!(error = %e, rows = hi - lo, "audit batch refused; isolating");
+            }
+            Err(Refusal::Data(e)) => {
+                results[lo] = isolate(pool, chain, instance, head, &events[lo], &e, deadline).await;
+                if results[lo].is_err() && tokio::time::Instant::now() >= deadline {
+                    break;
+                }
+            }
+            Err(Refusal::Unavailable(e)) => {
+                results[lo..hi].iter_mut().for_each(|r| *r = Err(e.clone()));
+                for (l, h) in todo.drain(..) {
+                    results[l..h].iter_mut().for_each(|r| *r = Err(e.clone()));
+                }
+                break;
+            }
+        }
+    }
+    results
+}
+
+/// Stores one refused event escaped and flagged, or failing that as a placeholder.
+async fn isolate(
+    pool: &PgPool,
+    chain: &str,
+    instance: &str,
+    head: &mut Link,
+    event: &AuditEvent,
+    refusal: &str,
+    deadline: tokio::time::Instant,
+) -> Result<(), String> {
+    tracing::warn!(error = %refusal, event_type = %event.event_type, "the database refused an audit row; storing it escaped and flagged");
+    let mut last = refusal.to_owned();
+    for (e, flags) in [
+        chain::quarantine(event, refusal),
+        chain::placeholder(event, refusal),
+    ] {
+        let row = chain::extend_flagged(chain, (head.0, &head.1), instance, Some(flags), e);
+        match insert(pool, std::slice::from_ref(&row), deadline).await {
+            Ok(()) => {
+                advance(head, std::slice::from_ref(&row));
+                return Ok(());
+            }
+            Err(Refusal::Data(e)) => last = e,
+            Err(Refusal::Unavailable(e)) => return Err(e),
+        }
+    }
+    tracing::error!(error = %last, "the database refused even the placeholder of an audit row");
+    Err(last)
+}
+
+fn chained(chain: &str, instance: &str, head: &Link, events: &[AuditEvent]) -> Vec<ChainedEvent> {
+    let (mut seq, mut hash) = head.clone();
+    events
+        .iter()
+        .map(|e| {
+            let row = chain::extend(chain, (seq, &hash), instance, e.clone());
+            seq = row.chain_seq;
+            hash.clone_from(&row.hash);
+            row
+        })
+        .collect()
+}
+
+fn advance(head: &mut Link, stored: &[ChainedEvent]) {
+    if let Some(last) = stored.last() {
+        *head = (last.chain_seq, last.hash.clone());
+    }
+}
+
+enum Refusal {
+    /// The database refused these rows' values; other rows may pass.
+    Data(String),
+    /// The database is unreachable, too slow or refuses everything.
+    Unavailable(String),
+}
+
+async fn insert(
+    pool: &PgPool,
+    rows: &[ChainedEvent],
+    deadline: tokio::time::Instant,
+) -> Result<(), Refusal> {
+    match tokio::time::timeout_at(deadline, db::audit::insert_batch(pool, rows)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) if db::audit::is_refused_data(&e) => Err(Refusal::Data(e.to_string())),
+        Ok(Err(e)) => Err(Refusal::Unavailable(e.to_string())),
+        Err(_) => Err(Refusal::Unavailable(
+            "timed out writing to the database".into(),
+        )),
+    }
+}
+
+async fn ensure_partitions(
+    pool: &PgPool,
+    events: &[AuditEvent],
+    months: &mut HashSet<String>,
+    deadline: tokio::time::Instant,
 ) -> Result<(), String> {
     let attempt = async {
-        for r in rows {
-            let name = db::audit::partition_name(r.event.at);
+        for e in events {
+            let name = db::audit::partition_name(e.at);
             if !months.contains(&name) {
                 let mut conn = pool.acquire().await?;
-                db::audit::ensure_partition(&mut conn, r.event.at).await?;
+                db::audit::ensure_partition(&mut conn, e.at).await?;
                 months.insert(name);
             }
         }
-        db::audit::insert_batch(pool, rows).await
+        Ok::<_, sqlx::Error>(())
     };
-    match tokio::time::timeout(Duration::from_secs(10), attempt).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
+    match tokio::time::timeout_at(deadline, attempt).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
         Err(_) => Err("timed out writing to the database".into()),
     }
 }

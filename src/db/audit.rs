@@ -10,7 +10,7 @@ use crate::audit::chain::{self, ChainedEvent};
 
 const COLUMNS: &str = "id, at, chain, chain_seq, prev_hash, hash, instance, event_type, outcome, agent, client_id, jti, \
     admin_user, tool, resource, remote_addr, user_agent, request_id, call_id, exit_code, error, latency_us, bytes_in, \
-    bytes_out, arguments, result_sha256, result, details";
+    bytes_out, arguments, result_sha256, result, details, flags";
 
 /// The first day of `at`'s month and of the month after.
 fn month_bounds(at: DateTime<Utc>) -> (NaiveDate, NaiveDate) {
@@ -77,22 +77,55 @@ fn push_row(
         .push_bind(e.arguments.clone())
         .push_bind(e.result_sha256.clone())
         .push_bind(e.result.clone())
-        .push_bind(e.details.clone());
+        .push_bind(e.details.clone())
+        .push_bind(r.flags.clone());
 }
 
 const INSERT: &str = "INSERT INTO audit_events (at, chain, chain_seq, prev_hash, hash, instance, event_type, outcome, \
     agent, client_id, jti, admin_user, tool, resource, remote_addr, user_agent, request_id, call_id, exit_code, error, \
-    latency_us, bytes_in, bytes_out, arguments, result_sha256, result, details) ";
+    latency_us, bytes_in, bytes_out, arguments, result_sha256, result, details, flags) ";
 
-/// Appends rows in one multi-row insert (one round trip, one commit).
+/// Bind parameters per row; Postgres allows 65535 per statement.
+const PARAMS_PER_ROW: usize = 28;
+/// The most rows [`insert_batch`] takes.
+pub const MAX_INSERT_ROWS: usize = 65535 / PARAMS_PER_ROW;
+
+/// Appends rows in one multi-row insert: one round trip, one commit, all or nothing (a
+/// batch split over statements could half-commit and leave the writer's chain behind).
 pub async fn insert_batch(pool: &PgPool, rows: &[ChainedEvent]) -> sqlx::Result<()> {
-    // Postgres allows 65535 bind parameters per statement; 27 per row.
-    for chunk in rows.chunks(2000) {
-        let mut qb: QueryBuilder<Postgres> = QueryBuilder::new(INSERT);
-        qb.push_values(chunk, |mut b, r| push_row(&mut b, r));
-        qb.build().execute(pool).await?;
+    assert!(
+        rows.len() <= MAX_INSERT_ROWS,
+        "an audit batch of {} rows is over the {MAX_INSERT_ROWS} one insert can carry",
+        rows.len()
+    );
+    if rows.is_empty() {
+        return Ok(());
     }
+    let mut qb: QueryBuilder<Postgres> = QueryBuilder::new(INSERT);
+    qb.push_values(rows, |mut b, r| push_row(&mut b, r));
+    qb.build().execute(pool).await?;
     Ok(())
+}
+
+/// Whether the database refused the rows themselves (their values), as opposed to being
+/// unreachable or refusing everyone: only then can leaving rows out let the others commit.
+pub fn is_refused_data(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| c.starts_with("22") || c.starts_with("23") || c.starts_with("54")),
+        _ => false,
+    }
+}
+
+/// The last stored `(chain_seq, hash)` of `chain`, or none if it has no row.
+pub async fn last_link(pool: &PgPool, chain: &str) -> sqlx::Result<Option<(i64, String)>> {
+    sqlx::query_as(
+        "SELECT chain_seq, hash FROM audit_events WHERE chain = $1 ORDER BY chain_seq DESC LIMIT 1",
+    )
+    .bind(chain)
+    .fetch_optional(pool)
+    .await
 }
 
 /// Appends one event to the control-plane chain inside the caller's transaction, so that an
@@ -129,6 +162,7 @@ fn from_row(r: &PgRow) -> ChainedEvent {
         prev_hash: r.get("prev_hash"),
         hash: r.get("hash"),
         instance: r.get("instance"),
+        flags: r.get("flags"),
         event: AuditEvent {
             at: r.get("at"),
             event_type: r.get("event_type"),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use http::StatusCode;
 use serde_json::{Value, json};
 use sqlx::{PgPool, Row};
@@ -391,4 +391,248 @@ async fn retention_drops_old_partitions_and_says_so(pool: PgPool) {
             .unwrap();
     assert!(note.contains(&name), "{note}");
     let _ = repo_path("tools");
+}
+
+/// A request as if it came over TCP from `ip`, so per-address limits apply to it.
+fn from_ip(mut req: http::Request<axum::body::Body>, ip: &str) -> http::Request<axum::body::Body> {
+    let addr: std::net::SocketAddr = format!("{ip}:40000").parse().unwrap();
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(addr));
+    req
+}
+
+fn hostile_token_request(i: usize) -> http::Request<axum::body::Body> {
+    from_ip(
+        http::Request::post("/oauth/token")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(axum::body::Body::from(format!(
+                "grant_type=client_credentials&client_id=a%00b{i}&client_secret=x%00y"
+            )))
+            .unwrap(),
+        "203.0.113.9",
+    )
+}
+
+/// Polls `sql` (one bigint) until it reaches `want` or ten seconds pass; returns the last value.
+async fn eventually(pool: &PgPool, sql: &str, want: i64) -> i64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = count(pool, sql).await;
+        if n >= want || std::time::Instant::now() > deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An app with one cheap shell tool (`bulk__echo`) that many calls can run at once, so a
+/// failure can only come from the audit log, not from a loaded machine.
+async fn echo_app(pool: &PgPool) -> TestApp {
+    let root = tempfile::tempdir().unwrap();
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}, "q": {"type": "string"}}, "additionalProperties": true});
+    let op = single_op("echo", schema, json!({"x-toolgate-timeout-ms": 120000}));
+    write_group(root.path(), "bulk", &op, &[("echo.sh", "#!/bin/sh\ncat\n")]);
+    let app = TestApp::with(
+        pool.clone(),
+        root.path(),
+        None,
+        &["--max-concurrency-per-tool", "1000"],
+    )
+    .await;
+    // The scripts are read at call time: the folder must outlive the app.
+    std::mem::forget(root);
+    app
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn an_outsider_flooding_nul_bytes_fails_no_legit_call(pool: PgPool) {
+    let app = echo_app(&pool).await;
+    let alice = app.agent("alice", &["bulk"]).await;
+    let (bob_id, bob_secret) = {
+        app.agent("bob", &["bulk"]).await;
+        app.client_for("bob").await
+    };
+    // An agent of our own turned hostile: NUL in a tool name, an argument key and a value.
+    let mallory = app.agent("mallory", &["bulk"]).await;
+    let rounds = 30;
+    let listed_before = count(
+        &pool,
+        "SELECT count(*) FROM audit_events WHERE event_type = 'tools/list' AND agent = 'alice'",
+    )
+    .await;
+
+    let mut legit = Vec::new();
+    let mut hostile = Vec::new();
+    for i in 0..rounds {
+        hostile.push(app.send(hostile_token_request(i)).boxed_local());
+        hostile.push(
+            app.send(
+                http::Request::post("/tools/bulk/echo%00x")
+                    .header("authorization", format!("Bearer {mallory}"))
+                    .header("content-type", "application/json")
+                    .body(axum::body::Body::from(json!({"q": "a"}).to_string()))
+                    .unwrap(),
+            )
+            .boxed_local(),
+        );
+        legit.push(
+            app.post_json("/tools/bulk/echo", Some(&alice), json!({"n": i}))
+                .boxed_local(),
+        );
+        hostile.push(
+            app.mcp(
+                Some(&mallory),
+                "tools/call",
+                json!({"name": "bulk__echo\u{0}", "arguments": {"q": "b"}}),
+            )
+            .boxed_local(),
+        );
+        hostile.push(
+            app.call(
+                &mallory,
+                "bulk__echo",
+                json!({"q": "c\u{0}d", "k\u{0}ey": "v\u{0}"}),
+            )
+            .boxed_local(),
+        );
+        legit.push(app.mcp(Some(&alice), "tools/list", json!({})).boxed_local());
+        if i % 10 == 0 {
+            legit.push(
+                app.token_request(
+                    &[("grant_type", "client_credentials")],
+                    Some((&bob_id, &bob_secret)),
+                )
+                .boxed_local(),
+            );
+        }
+    }
+    // Both sides at once, so hostile and legit events share the writer's batches.
+    let (legit, _) = futures::future::join(
+        futures::future::join_all(legit),
+        futures::future::join_all(hostile),
+    )
+    .await;
+
+    let failed: Vec<_> = legit
+        .iter()
+        .filter(|r| r.status != StatusCode::OK || r.body.get("error").is_some())
+        .map(|r| (r.status, r.text.clone()))
+        .collect();
+    println!(
+        "legit calls failed while an outsider sent NUL bytes: {} of {}",
+        failed.len(),
+        legit.len()
+    );
+    assert!(failed.is_empty(), "{failed:?}");
+    // Listings are recorded without making the answer wait: none may be lost.
+    let listed = eventually(
+        &pool,
+        "SELECT count(*) FROM audit_events WHERE event_type = 'tools/list' AND agent = 'alice'",
+        listed_before + rounds as i64,
+    )
+    .await;
+    assert_eq!(
+        listed,
+        listed_before + rounds as i64,
+        "listing events were lost"
+    );
+    // Every refused token request is on record, including those refused by the per-address
+    // limit, with the NUL escaped and the row flagged.
+    let hostile_tokens = eventually(
+        &pool,
+        r"SELECT count(*) FROM audit_events WHERE starts_with(client_id, 'a\u0000b')
+            AND flags LIKE '%client_id%'",
+        rounds as i64,
+    )
+    .await;
+    assert_eq!(hostile_tokens, rounds as i64);
+    assert!(
+        count(&pool, r"SELECT count(*) FROM audit_events WHERE outcome = 'rate_limited' AND starts_with(client_id, 'a\u0000b')").await > 0,
+        "the flood never reached the per-address limit"
+    );
+    let stored_args: Vec<String> = sqlx::query_scalar(
+        r"SELECT arguments FROM audit_events WHERE agent = 'mallory' AND arguments LIKE '%k\\u0000ey%'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(stored_args.len() >= rounds, "{}", stored_args.len());
+    assert_eq!(
+        serde_json::from_str::<Value>(&stored_args[0]).unwrap()["k\u{0}ey"],
+        "v\u{0}",
+        "escaped JSON arguments still mean what was sent"
+    );
+    assert_eq!(walk(&pool).await, Ok(()));
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_row_the_database_refuses_is_isolated_and_the_others_commit(pool: PgPool) {
+    let app = echo_app(&pool).await;
+    let alice = app.agent("alice", &["bulk"]).await;
+    let bob = app.agent("bob", &["bulk"]).await;
+    // Whatever the sanitizer does not foresee: here Postgres refuses one user agent.
+    sqlx::query(
+        "ALTER TABLE audit_events ADD CONSTRAINT refuse_probe CHECK (user_agent IS DISTINCT FROM 'refuse-me')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let rounds = 20;
+
+    let mut legit = Vec::new();
+    let mut probes = Vec::new();
+    for _ in 0..rounds {
+        legit.push(
+            app.post_json("/tools/bulk/echo", Some(&alice), json!({}))
+                .boxed_local(),
+        );
+        probes.push(
+            app.send(
+                http::Request::post("/tools/bulk/echo")
+                    .header("authorization", format!("Bearer {bob}"))
+                    .header("content-type", "application/json")
+                    .header("user-agent", "refuse-me")
+                    .body(axum::body::Body::from(json!({"q": "deploy"}).to_string()))
+                    .unwrap(),
+            )
+            .boxed_local(),
+        );
+    }
+    let (legit, probes) = futures::future::join(
+        futures::future::join_all(legit),
+        futures::future::join_all(probes),
+    )
+    .await;
+
+    assert!(
+        legit.iter().all(|r| r.status == StatusCode::OK),
+        "{:?}",
+        legit.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    // The refused rows were stored as placeholders, so their own calls went through too.
+    assert!(
+        probes.iter().all(|r| r.status == StatusCode::OK),
+        "{:?}",
+        probes.iter().map(|r| &r.text).collect::<Vec<_>>()
+    );
+    let placeholders = count(
+        &pool,
+        "SELECT count(*) FROM audit_events WHERE flags::jsonb ->> 'placeholder' = 'true'
+           AND flags::jsonb ->> 'isolated' LIKE '%refuse_probe%' AND user_agent IS NULL",
+    )
+    .await;
+    assert_eq!(
+        placeholders,
+        2 * rounds as i64,
+        "a started and a result row per probe"
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM audit_events WHERE event_type = 'tool.result' AND agent = 'alice'"
+        )
+        .await,
+        rounds as i64
+    );
+    assert_eq!(walk(&pool).await, Ok(()));
 }
