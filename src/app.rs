@@ -402,12 +402,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 tick.tick().await;
                 let _ = db::policy::prune_revocations(&state.db).await;
                 state.limits.shrink();
-                if let Err(e) = crate::audit::apply_retention(&state).await {
-                    tracing::warn!(error = %e, "audit retention failed");
+                if let Err(e) =
+                    crate::audit::apply_retention(&state.db, state.settings.audit_retention_days)
+                        .await
+                {
+                    tracing::warn!(error = %e, "audit retention failed (a serving role that may not drop tables needs `toolgate audit retention` run as the owner)");
                 }
             }
         });
     }
+    crate::audit::checkpoint::spawn_publisher(
+        state.db.clone(),
+        args.audit_checkpoint_key.as_deref(),
+        Duration::from_secs(args.audit_checkpoint_secs),
+    )?;
     let listener = TcpListener::bind(args.bind).await?;
     tracing::info!(addr = %listener.local_addr()?, issuer = %settings.issuer, "toolgate listening");
     axum::serve(

@@ -159,8 +159,9 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
     use futures::StreamExt;
     use std::io::Write;
 
-    use crate::audit::chain::{ChainedEvent, Verifier};
-    use crate::audit::export::{self, Format};
+    use crate::audit::checkpoint::{self, PublicKey, SigningKey};
+    use crate::audit::export::{self, Format, JsonlExport};
+    use crate::db::audit::Snapshot;
     match command {
         AuditCommand::Export {
             db: db_args,
@@ -185,81 +186,200 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
             if format == Format::Csv {
                 out.write_all(&export::csv_header())?;
             }
-            let mut rows = std::pin::pin!(db::audit::stream(pool, filter));
-            while let Some(row) = rows.next().await {
-                let row = row?;
-                out.write_all(&match format {
-                    Format::Csv => export::csv_line(&row),
-                    Format::Jsonl => export::jsonl_line(&row),
-                })?;
+            let mut jsonl: Option<JsonlExport> = None;
+            let mut items = std::pin::pin!(db::audit::snapshot(pool, filter.clone()));
+            while let Some(item) = items.next().await {
+                match item? {
+                    Snapshot::Expect(e) if format == Format::Jsonl => {
+                        let (expect, checkpoints) = *e;
+                        let (state, header) = JsonlExport::header(&filter, expect, checkpoints);
+                        out.write_all(&header)?;
+                        jsonl = Some(state);
+                    }
+                    Snapshot::Expect(_) => {}
+                    Snapshot::Row(row) => match (&mut jsonl, format) {
+                        (Some(j), Format::Jsonl) => out.write_all(&j.row(&row))?,
+                        _ => out.write_all(&export::csv_line(&row))?,
+                    },
+                }
+            }
+            if let Some(j) = jsonl {
+                out.write_all(&j.trailer())?;
             }
             out.flush()?;
             Ok(ExitCode::SUCCESS)
         }
-        AuditCommand::Verify { db: db_args, file } => {
-            let mut verifier = Verifier::default();
-            let result = match file {
-                Some(path) => {
-                    use std::io::BufRead;
-                    let reader = std::io::BufReader::new(std::fs::File::open(&path)?);
-                    // An export is grouped by chain and ordered by chain_seq, like the database walk.
-                    let mut result = Ok(());
-                    for (n, line) in reader.lines().enumerate() {
-                        let line = line?;
-                        if line.trim().is_empty() {
-                            continue;
-                        }
-                        let row: ChainedEvent = serde_json::from_str(&line).map_err(|e| {
-                            anyhow::anyhow!(
-                                "{}:{}: not an audit record: {e}",
-                                path.display(),
-                                n + 1
-                            )
-                        })?;
-                        if let Err(b) = verifier.check(&row) {
-                            result = Err(b);
-                            break;
-                        }
-                    }
-                    result
-                }
+        AuditCommand::Verify {
+            db: db_args,
+            file,
+            public_key,
+            checkpoints,
+        } => {
+            let key = public_key.as_deref().map(PublicKey::load).transpose()?;
+            let mut extra = match &checkpoints {
+                Some(path) => read_checkpoints(path)?,
+                None => Vec::new(),
+            };
+            let (ok, lines) = match file {
+                Some(path) => verify_file(&path, &mut extra, key.as_ref())?,
                 None => {
                     let pool = db::connect_existing(&db_args.database_url, 2).await?;
-                    let mut rows =
-                        std::pin::pin!(db::audit::stream(pool, db::audit::AuditFilter::default()));
-                    let mut result = Ok(());
-                    while let Some(row) = rows.next().await {
-                        if let Err(b) = verifier.check(&row?) {
-                            result = Err(b);
-                            break;
+                    let mut items = std::pin::pin!(db::audit::snapshot(
+                        pool,
+                        db::audit::AuditFilter::default()
+                    ));
+                    let mut run: Option<export::Verification> = None;
+                    while let Some(item) = items.next().await {
+                        match item? {
+                            Snapshot::Expect(e) => {
+                                let (expect, mut stored) = *e;
+                                stored.append(&mut extra);
+                                run = Some(export::Verification::new(
+                                    Some(expect),
+                                    None,
+                                    &dedup(stored),
+                                    key.as_ref(),
+                                ));
+                            }
+                            Snapshot::Row(row) => {
+                                if let Some(r) = run.as_mut() {
+                                    r.row(&row);
+                                }
+                            }
                         }
                     }
-                    result
+                    run.ok_or_else(|| anyhow::anyhow!("the database returned nothing to verify"))?
+                        .finish(None, false)
                 }
             };
-            match result {
-                Ok(()) => {
-                    println!("ok: {} rows, every hash chain intact", verifier.rows);
-                    for c in &verifier.trimmed_chains {
-                        println!(
-                            "note: chain {c} starts after its first rows (dropped by retention)"
-                        );
-                    }
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(b) => {
-                    println!(
-                        "BROKEN: chain {} at chain_seq {}{}: {}",
-                        b.chain,
-                        b.chain_seq,
-                        b.id.map(|i| format!(" (id {i})")).unwrap_or_default(),
-                        b.reason
-                    );
-                    Ok(ExitCode::FAILURE)
-                }
+            for l in &lines {
+                println!("{l}");
             }
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        AuditCommand::Keygen { out } => {
+            let mut public = out.clone().into_os_string();
+            public.push(".pub");
+            let public = std::path::PathBuf::from(public);
+            let id = SigningKey::generate(&out, &public)?;
+            println!(
+                "{}",
+                serde_json::json!({"key_id": id, "private_key": out, "public_key": public})
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditCommand::Checkpoint { db: db_args, key } => {
+            let key = SigningKey::load(&key)?;
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
+            let c = checkpoint::publish(&pool, &key).await?;
+            println!("{}", serde_json::to_string(&c)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditCommand::Checkpoints { db: db_args } => {
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
+            let mut conn = pool.acquire().await?;
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            for c in db::audit::checkpoints(&mut conn).await? {
+                serde_json::to_writer(&mut out, &c)?;
+                out.write_all(b"\n")?;
+            }
+            out.flush()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditCommand::Retention { db: db_args, days } => {
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
+            let dropped = crate::audit::apply_retention(&pool, days).await?;
+            println!("{}", serde_json::json!({"dropped_partitions": dropped}));
+            Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Checkpoints in JSONL, as `audit checkpoints` prints them.
+fn read_checkpoints(
+    path: &std::path::Path,
+) -> anyhow::Result<Vec<crate::audit::checkpoint::SignedCheckpoint>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| anyhow::anyhow!("{}:{}: not a checkpoint: {e}", path.display(), n + 1))
+        })
+        .collect()
+}
+
+fn dedup(
+    mut cs: Vec<crate::audit::checkpoint::SignedCheckpoint>,
+) -> Vec<crate::audit::checkpoint::SignedCheckpoint> {
+    let mut seen = std::collections::HashSet::new();
+    cs.retain(|c| seen.insert(c.signature.clone()));
+    cs
+}
+
+/// Verifies a JSONL export offline: its header (filter, heads, ledger, checkpoints), rows
+/// grouped by chain in chain_seq order like the database walk, and its closing line.
+fn verify_file(
+    path: &std::path::Path,
+    extra: &mut Vec<crate::audit::checkpoint::SignedCheckpoint>,
+    key: Option<&crate::audit::checkpoint::PublicKey>,
+) -> anyhow::Result<(bool, Vec<String>)> {
+    use std::io::BufRead;
+
+    use crate::audit::chain::ChainedEvent;
+    use crate::audit::export::{ExportHeader, ExportTrailer, Verification};
+    let reader = std::io::BufReader::new(
+        std::fs::File::open(path)
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?,
+    );
+    let mut run: Option<Verification> = None;
+    let mut trailer: Option<ExportTrailer> = None;
+    for (n, line) in reader.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |e: serde_json::Error| {
+            anyhow::anyhow!("{}:{}: not an audit record: {e}", path.display(), n + 1)
+        };
+        let value: serde_json::Value = serde_json::from_str(&line).map_err(bad)?;
+        if trailer.is_some() {
+            anyhow::bail!(
+                "{}:{}: a line after the export's closing line",
+                path.display(),
+                n + 1
+            );
+        }
+        if value.get("toolgate_audit_export").is_some() {
+            if n != 0 || run.is_some() {
+                anyhow::bail!(
+                    "{}:{}: an export header in the middle",
+                    path.display(),
+                    n + 1
+                );
+            }
+            let h: ExportHeader = serde_json::from_value(value).map_err(bad)?;
+            let mut cs = h.checkpoints;
+            cs.append(extra);
+            run = Some(Verification::new(Some(h.expect), h.filter, &dedup(cs), key));
+        } else if value.get("toolgate_audit_export_end").is_some() {
+            trailer = Some(serde_json::from_value(value).map_err(bad)?);
+        } else {
+            let row: ChainedEvent = serde_json::from_value(value).map_err(bad)?;
+            run.get_or_insert_with(|| {
+                Verification::new(None, None, &dedup(std::mem::take(extra)), key)
+            })
+            .row(&row);
+        }
+    }
+    let run = run.unwrap_or_else(|| Verification::new(None, None, &[], key));
+    Ok(run.finish(trailer.as_ref(), true))
 }
 
 async fn admin_command(command: AdminCommand) -> anyhow::Result<ExitCode> {

@@ -140,6 +140,13 @@ pub struct ServeArgs {
     /// Audit partitions older than this many days are dropped.
     #[arg(long, env = "TOOLGATE_AUDIT_RETENTION_DAYS", default_value_t = 365)]
     pub audit_retention_days: u32,
+    /// Ed25519 private key (from `toolgate audit keygen`) that signs audit checkpoints. Keep
+    /// it out of the database; without it, a re-hashed chain cannot be detected.
+    #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_KEY")]
+    pub audit_checkpoint_key: Option<PathBuf>,
+    /// Seconds between signed audit checkpoints.
+    #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_SECS", default_value_t = 300)]
+    pub audit_checkpoint_secs: u64,
     /// Token requests allowed per second from one client IP (against secret guessing).
     #[arg(long, env = "TOOLGATE_TOKEN_RATE_PER_IP", default_value_t = 5)]
     pub token_rate_per_ip: u32,
@@ -275,12 +282,49 @@ pub enum AuditCommand {
         #[arg(long)]
         outcome: Option<String>,
     },
-    /// Check the hash chains, in the database or in an exported JSONL file.
+    /// Check the hash chains, in the database or in an exported JSONL file: every row
+    /// unedited, every chain complete up to its recorded head, every gap explained by
+    /// retention, and (with --public-key) every signed checkpoint still matched.
     Verify {
         #[command(flatten)]
         db: DbArgs,
         /// A JSONL export to check offline instead of the database.
         #[arg(long)]
         file: Option<PathBuf>,
+        /// The checkpoint public key (from `audit keygen`): check signed checkpoints.
+        #[arg(long)]
+        public_key: Option<PathBuf>,
+        /// Checkpoints kept outside the database (`audit checkpoints` output), checked in
+        /// addition to those stored with the log.
+        #[arg(long)]
+        checkpoints: Option<PathBuf>,
+    },
+    /// Create an Ed25519 key pair for signing checkpoints: the private key for `serve
+    /// --audit-checkpoint-key`, the public key (`<private>.pub`) for verifiers.
+    Keygen {
+        /// Where to write the private key (must not exist).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Sign the current chain heads now and store the checkpoint.
+    Checkpoint {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The private key (from `audit keygen`).
+        #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_KEY")]
+        key: PathBuf,
+    },
+    /// Print the stored checkpoints as JSONL, to keep a copy outside the database.
+    Checkpoints {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Drop audit partitions older than the retention period, recording each drop (run as
+    /// the database owner when the serving role may not drop tables).
+    Retention {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long, env = "TOOLGATE_AUDIT_RETENTION_DAYS", default_value_t = 365)]
+        days: u32,
     },
 }

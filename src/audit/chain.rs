@@ -261,16 +261,92 @@ pub struct BrokenLink {
     pub reason: String,
 }
 
-/// Walks rows (any chains, each in `chain_seq` order) and reports the first broken link.
+/// A chain's recorded head: what the database says the chain holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainHead {
+    pub chain: String,
+    pub first_seq: i64,
+    pub last_seq: i64,
+    pub last_hash: String,
+    pub rows: i64,
+}
+
+/// The rows of one chain that went with a dropped partition.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetiredChain {
+    pub chain: String,
+    pub first_seq: i64,
+    pub last_seq: i64,
+    pub last_hash: String,
+    pub rows: i64,
+}
+
+/// One retention-ledger entry: a partition retention dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retired {
+    pub partition: String,
+    pub dropped_at: chrono::DateTime<chrono::Utc>,
+    pub dropped_by: String,
+    pub chains: Vec<RetiredChain>,
+}
+
+/// What must exist: the chain heads and what retention dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expectations {
+    pub heads: Vec<ChainHead>,
+    pub retired: Vec<Retired>,
+}
+
+impl Expectations {
+    /// The last row of `chain` retention dropped, with the ledger entry that says so.
+    fn retired_through(&self, chain: &str) -> Option<(&RetiredChain, &Retired)> {
+        self.retired
+            .iter()
+            .flat_map(|r| r.chains.iter().map(move |c| (c, r)))
+            .filter(|(c, _)| c.chain == chain)
+            .max_by_key(|(c, _)| c.last_seq)
+    }
+}
+
+/// Where one chain's walk started and ended.
+#[derive(Debug, Clone)]
+struct Seen {
+    first_seq: i64,
+    first_prev: String,
+    last_seq: i64,
+    last_hash: String,
+    rows: i64,
+}
+
+/// Walks rows (any chains, each in `chain_seq` order) and reports the first broken link;
+/// [`Verifier::complete`] then compares what was walked with what must exist.
 #[derive(Debug, Default)]
 pub struct Verifier {
-    last: std::collections::HashMap<String, (i64, String)>,
+    seen: std::collections::BTreeMap<String, Seen>,
     pub rows: u64,
-    /// Chains whose first rows were dropped by retention: their walk starts mid-chain.
+    /// Chains whose walk starts mid-chain (their first rows dropped by retention, or
+    /// filtered out of an export).
     pub trimmed_chains: Vec<String>,
+    /// Hashes that signed checkpoints say rows must have: (chain, seq) -> (hash, checkpoint).
+    wanted: std::collections::HashMap<(String, i64), (String, String)>,
+    /// Checkpointed rows found with the signed hash.
+    pub confirmed: u64,
+    /// A filtered walk (an export of some rows): rows of a chain may be left out, so a gap
+    /// is not an error, but rows with consecutive seqs must still link.
+    pub filtered: bool,
+    /// Consecutive pairs whose link was checked.
+    pub links: u64,
 }
 
 impl Verifier {
+    /// Rows at these positions must carry these hashes (from verified checkpoints).
+    pub fn want(&mut self, chain: &str, seq: i64, hash: &str, checkpoint: &str) {
+        self.wanted.insert(
+            (chain.to_owned(), seq),
+            (hash.to_owned(), checkpoint.to_owned()),
+        );
+    }
+
     pub fn check(&mut self, row: &ChainedEvent) -> Result<(), BrokenLink> {
         self.rows += 1;
         let broken = |reason: String| BrokenLink {
@@ -294,20 +370,35 @@ impl Verifier {
                 "the row's content does not match its hash (edited after it was written)".into(),
             ));
         }
-        match self.last.get(&row.chain) {
-            Some((seq, hash)) => {
-                if row.chain_seq != seq + 1 {
+        if let Some((hash, checkpoint)) = self.wanted.remove(&(row.chain.clone(), row.chain_seq)) {
+            if hash != row.hash {
+                return Err(broken(format!(
+                    "the row's hash differs from the one {checkpoint} signed: the chain was re-hashed after it was written"
+                )));
+            }
+            self.confirmed += 1;
+        }
+        match self.seen.get_mut(&row.chain) {
+            Some(s) => {
+                let filtered_out = self.filtered && row.chain_seq > s.last_seq + 1;
+                if row.chain_seq != s.last_seq + 1 && !filtered_out {
                     return Err(broken(format!(
                         "rows {} to {} of the chain are missing",
-                        seq + 1,
+                        s.last_seq + 1,
                         row.chain_seq - 1
                     )));
                 }
-                if row.prev_hash != *hash {
-                    return Err(broken(
-                        "prev_hash does not match the previous row's hash".into(),
-                    ));
+                if !filtered_out {
+                    if row.prev_hash != s.last_hash {
+                        return Err(broken(
+                            "prev_hash does not match the previous row's hash".into(),
+                        ));
+                    }
+                    self.links += 1;
                 }
+                s.last_seq = row.chain_seq;
+                s.last_hash.clone_from(&row.hash);
+                s.rows += 1;
             }
             None => {
                 if row.chain_seq == 1 && row.prev_hash != GENESIS {
@@ -318,11 +409,121 @@ impl Verifier {
                 if row.chain_seq != 1 {
                     self.trimmed_chains.push(row.chain.clone());
                 }
+                self.seen.insert(
+                    row.chain.clone(),
+                    Seen {
+                        first_seq: row.chain_seq,
+                        first_prev: row.prev_hash.clone(),
+                        last_seq: row.chain_seq,
+                        last_hash: row.hash.clone(),
+                        rows: 1,
+                    },
+                );
             }
         }
-        self.last
-            .insert(row.chain.clone(), (row.chain_seq, row.hash.clone()));
         Ok(())
+    }
+
+    /// Chains walked, and how many rows each.
+    pub fn chains(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Everything that must exist but was not walked, and every start explained by
+    /// retention (as notes). Run after the whole, unfiltered walk.
+    pub fn complete(&self, expect: &Expectations) -> (Vec<String>, Vec<String>) {
+        let mut problems = Vec::new();
+        let mut notes = Vec::new();
+        let heads: std::collections::BTreeMap<&str, &ChainHead> =
+            expect.heads.iter().map(|h| (h.chain.as_str(), h)).collect();
+        for (chain, head) in &heads {
+            let retired = expect.retired_through(chain);
+            let expected_first = retired.map_or(head.first_seq, |(c, _)| c.last_seq + 1);
+            match self.seen.get(*chain) {
+                None if expected_first > head.last_seq => {}
+                None => problems.push(format!(
+                    "chain {chain}: rows {expected_first} to {} are missing: its head says it reached seq {} and no retention dropped them (table truncated, partition dropped or detached, or rows deleted)",
+                    head.last_seq, head.last_seq
+                )),
+                Some(s) => {
+                    if s.first_seq > expected_first {
+                        problems.push(format!(
+                            "chain {chain}: rows {expected_first} to {} are missing and no retention dropped them",
+                            s.first_seq - 1
+                        ));
+                    } else if s.first_seq < expected_first {
+                        problems.push(format!(
+                            "chain {chain}: the retention ledger says rows up to {} were dropped, yet row {} is present",
+                            expected_first - 1,
+                            s.first_seq
+                        ));
+                    } else if let Some((c, r)) = retired {
+                        if s.first_prev != c.last_hash {
+                            problems.push(format!(
+                                "chain {chain}: row {} does not link to the last row retention dropped (partition {})",
+                                s.first_seq, r.partition
+                            ));
+                        } else {
+                            notes.push(format!(
+                                "chain {chain} starts at seq {}: rows {} to {} were dropped by retention (partition {}, {} by {})",
+                                s.first_seq,
+                                head.first_seq,
+                                c.last_seq,
+                                r.partition,
+                                r.dropped_at.format("%Y-%m-%d %H:%M UTC"),
+                                r.dropped_by
+                            ));
+                        }
+                    }
+                    if s.last_seq < head.last_seq {
+                        problems.push(format!(
+                            "chain {chain}: rows {} to {} are missing: its head says it reached seq {}",
+                            s.last_seq + 1,
+                            head.last_seq,
+                            head.last_seq
+                        ));
+                    } else if s.last_seq > head.last_seq {
+                        problems.push(format!(
+                            "chain {chain}: rows {} to {} are beyond its recorded head (written around the audit triggers)",
+                            head.last_seq + 1,
+                            s.last_seq
+                        ));
+                    } else if s.last_hash != head.last_hash {
+                        problems.push(format!(
+                            "chain {chain}: its last row's hash differs from the recorded head: the chain was re-hashed"
+                        ));
+                    }
+                }
+            }
+        }
+        for chain in self.seen.keys() {
+            if !heads.contains_key(chain.as_str()) {
+                problems.push(format!(
+                    "chain {chain}: it has rows but no recorded head (written around the audit triggers, or the heads were rewritten)"
+                ));
+            }
+        }
+        for ((chain, seq), (hash, checkpoint)) in &self.wanted {
+            let retired = expect
+                .retired_through(chain)
+                .filter(|(c, _)| c.last_seq >= *seq);
+            match retired {
+                Some((c, _)) if c.last_seq == *seq && c.last_hash != *hash => problems.push(format!(
+                    "chain {chain}: row {seq} as recorded by retention differs from the one {checkpoint} signed"
+                )),
+                Some(_) => {}
+                None => problems.push(format!(
+                    "chain {chain}: row {seq}, signed by {checkpoint}, is missing"
+                )),
+            }
+        }
+        problems.sort();
+        (problems, notes)
+    }
+
+    /// Checkpointed positions not walked (for a filtered walk: they may be filtered out).
+    pub fn unconfirmed(&self) -> usize {
+        self.wanted.len()
     }
 }
 

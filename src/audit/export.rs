@@ -1,6 +1,10 @@
 //! Compliance export: CSV (formula-safe) and JSONL (with the chain fields, verifiable offline).
 
-use super::chain::ChainedEvent;
+use sha2::{Digest, Sha256};
+
+use super::chain::{BrokenLink, ChainedEvent, Expectations, Verifier};
+use super::checkpoint::{PublicKey, SignedCheckpoint};
+use crate::db::audit::AuditFilter;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -127,4 +131,279 @@ mod tests {
         assert_eq!(csv_safe("@SUM(A1)"), "'@SUM(A1)");
         assert_eq!(csv_safe("plain"), "plain");
     }
+}
+
+/// The first line of a JSONL export: what was asked for, and what must exist.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ExportHeader {
+    /// The export format; its presence marks the line as the header.
+    pub toolgate_audit_export: String,
+    pub exported_at: chrono::DateTime<chrono::Utc>,
+    /// The filter rows were selected by; none for the whole log.
+    pub filter: Option<AuditFilter>,
+    /// Chain heads and the retention ledger, read in the same snapshot as the rows.
+    pub expect: Expectations,
+    pub checkpoints: Vec<SignedCheckpoint>,
+}
+
+/// The last line of a JSONL export: how many rows came before it, so a cut file is found.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ExportTrailer {
+    pub toolgate_audit_export_end: String,
+    pub rows: u64,
+    /// sha256 over every exported row's hash and a newline, in order.
+    pub digest: String,
+}
+
+pub const EXPORT_FORMAT: &str = "toolgate-audit-export-v2";
+
+/// Builds the header and trailer around exported rows.
+pub struct JsonlExport {
+    rows: u64,
+    digest: Sha256,
+}
+
+impl JsonlExport {
+    pub fn header(
+        filter: &AuditFilter,
+        expect: Expectations,
+        checkpoints: Vec<SignedCheckpoint>,
+    ) -> (Self, Vec<u8>) {
+        let header = ExportHeader {
+            toolgate_audit_export: EXPORT_FORMAT.into(),
+            exported_at: chrono::Utc::now(),
+            filter: filter.is_filtered().then(|| filter.clone()),
+            expect,
+            checkpoints,
+        };
+        let mut line = serde_json::to_vec(&header).unwrap_or_default();
+        line.push(b'\n');
+        (
+            Self {
+                rows: 0,
+                digest: Sha256::new(),
+            },
+            line,
+        )
+    }
+
+    pub fn row(&mut self, r: &ChainedEvent) -> Vec<u8> {
+        self.rows += 1;
+        self.digest.update(r.hash.as_bytes());
+        self.digest.update(b"\n");
+        jsonl_line(r)
+    }
+
+    pub fn trailer(self) -> Vec<u8> {
+        let t = ExportTrailer {
+            toolgate_audit_export_end: EXPORT_FORMAT.into(),
+            rows: self.rows,
+            digest: hex::encode(self.digest.finalize()),
+        };
+        let mut line = serde_json::to_vec(&t).unwrap_or_default();
+        line.push(b'\n');
+        line
+    }
+}
+
+/// One pass of `audit verify`, over the database or an export: rows fed in chain order,
+/// then [`Verification::finish`] says what holds and what does not.
+pub struct Verification {
+    pub verifier: Verifier,
+    expect: Option<Expectations>,
+    filter: Option<AuditFilter>,
+    broken: Option<BrokenLink>,
+    problems: Vec<String>,
+    notes: Vec<String>,
+    checkpoints_verified: usize,
+    newest_checkpoint: Option<chrono::DateTime<chrono::Utc>>,
+    digest: Sha256,
+    keyed: bool,
+}
+
+impl Verification {
+    /// `expect` is none for an export without a header (written before headers existed).
+    /// Checkpoints are checked with `key` (if given): a bad signature is a problem, a good
+    /// one makes every row it names required to carry the signed hash.
+    pub fn new(
+        expect: Option<Expectations>,
+        filter: Option<AuditFilter>,
+        checkpoints: &[SignedCheckpoint],
+        key: Option<&PublicKey>,
+    ) -> Self {
+        let mut v = Self {
+            verifier: Verifier::default(),
+            expect,
+            filter,
+            broken: None,
+            problems: Vec::new(),
+            notes: Vec::new(),
+            checkpoints_verified: 0,
+            newest_checkpoint: None,
+            digest: Sha256::new(),
+            keyed: key.is_some(),
+        };
+        v.verifier.filtered = v.filter.is_some();
+        if let Some(key) = key {
+            for c in checkpoints {
+                if c.key_id != key.id() {
+                    v.notes.push(format!(
+                        "checkpoint{} was signed by another key ({}); not checked",
+                        c.id.map(|i| format!(" #{i}")).unwrap_or_default(),
+                        c.key_id
+                    ));
+                    continue;
+                }
+                match key.verify(c) {
+                    Ok(body) => {
+                        v.checkpoints_verified += 1;
+                        v.newest_checkpoint = v.newest_checkpoint.max(Some(body.at));
+                        let name = c.id.map_or_else(
+                            || format!("the checkpoint of {}", body.at),
+                            |i| format!("checkpoint #{i}"),
+                        );
+                        for h in &body.heads {
+                            v.verifier.want(&h.chain, h.last_seq, &h.last_hash, &name);
+                        }
+                    }
+                    Err(e) => v.problems.push(e),
+                }
+            }
+        }
+        v
+    }
+
+    /// Checks one row; after the first broken link the rest are only counted.
+    pub fn row(&mut self, r: &ChainedEvent) {
+        self.digest.update(r.hash.as_bytes());
+        self.digest.update(b"\n");
+        if self.broken.is_none()
+            && let Err(b) = self.verifier.check(r)
+        {
+            self.broken = Some(b);
+        }
+    }
+
+    /// The verdict: lines to print, and whether everything held. `trailer` is the export's
+    /// last line (none for the database, or for a file that has none).
+    pub fn finish(
+        mut self,
+        trailer: Option<&ExportTrailer>,
+        from_file: bool,
+    ) -> (bool, Vec<String>) {
+        let mut out = Vec::new();
+        if let Some(b) = &self.broken {
+            self.problems.insert(
+                0,
+                format!(
+                    "chain {} at chain_seq {}{}: {}",
+                    b.chain,
+                    b.chain_seq,
+                    b.id.map(|i| format!(" (id {i})")).unwrap_or_default(),
+                    b.reason
+                ),
+            );
+        }
+        let walked = self.verifier.rows;
+        if from_file && self.expect.is_some() {
+            match trailer {
+                None => self.problems.push(format!(
+                    "the export ends after {walked} rows without its closing line: it was cut short"
+                )),
+                Some(t) if t.rows != walked => self.problems.push(format!(
+                    "the export says it holds {} rows but {walked} were read: rows were removed or added",
+                    t.rows
+                )),
+                Some(t) if t.digest != hex::encode(self.digest.clone().finalize()) => self
+                    .problems
+                    .push("the export's rows differ from those it was written with (digest mismatch)".into()),
+                Some(_) => {}
+            }
+        }
+        match (&self.expect, &self.filter) {
+            (Some(expect), None) => {
+                let (problems, notes) = self.verifier.complete(expect);
+                self.problems.extend(problems);
+                self.notes.extend(notes);
+            }
+            (Some(_), Some(f)) => {
+                let unconfirmed = self.verifier.unconfirmed();
+                self.notes.push(format!(
+                    "filtered export ({}): {walked} rows; each row's hash and {} links between consecutive rows checked within the selection; completeness against the chain heads cannot be checked on a filtered export{}",
+                    describe(f),
+                    self.verifier.links,
+                    if unconfirmed > 0 { format!(" ({unconfirmed} checkpointed rows fall outside it)") } else { String::new() }
+                ));
+            }
+            (None, _) => {
+                for c in &self.verifier.trimmed_chains {
+                    self.notes.push(format!(
+                        "chain {c} starts mid-chain; this export has no header, so it cannot say whether retention dropped the first rows"
+                    ));
+                }
+                self.notes.push(
+                    "this export has no header or closing line (an older format): a cut or a removed chain cannot be detected".into(),
+                );
+            }
+        }
+        let ok = self.problems.is_empty();
+        if ok {
+            out.push(format!(
+                "ok: {walked} rows in {} chains, every hash chain intact{}",
+                self.verifier.chains(),
+                if self.filter.is_none() && self.expect.is_some() {
+                    " and complete up to its recorded head"
+                } else {
+                    ""
+                }
+            ));
+        } else {
+            for p in &self.problems {
+                out.push(format!("BROKEN: {p}"));
+            }
+        }
+        for n in &self.notes {
+            out.push(format!("note: {n}"));
+        }
+        if self.keyed {
+            out.push(format!(
+                "checkpoints: {} verified{}, {} checkpointed rows found with their signed hashes",
+                self.checkpoints_verified,
+                self.newest_checkpoint
+                    .map(|t| format!(
+                        " (newest {})",
+                        t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    ))
+                    .unwrap_or_default(),
+                self.verifier.confirmed
+            ));
+            if self.checkpoints_verified == 0 {
+                out.push("warning: no checkpoint signed by this key was found: a re-hashed chain, or a log emptied together with its heads, cannot be detected".into());
+            }
+        } else {
+            out.push("warning: no --public-key given, so signed checkpoints were not checked: a chain edited and re-hashed by someone with write access to the database (heads included) cannot be detected".into());
+        }
+        (ok, out)
+    }
+}
+
+fn describe(f: &AuditFilter) -> String {
+    let mut parts = Vec::new();
+    if let Some(v) = f.since {
+        parts.push(format!("since {}", v.to_rfc3339()));
+    }
+    if let Some(v) = f.until {
+        parts.push(format!("until {}", v.to_rfc3339()));
+    }
+    for (name, v) in [
+        ("agent", &f.agent),
+        ("tool", &f.tool),
+        ("event_type", &f.event_type),
+        ("outcome", &f.outcome),
+    ] {
+        if let Some(v) = v.as_ref().filter(|v| !v.is_empty()) {
+            parts.push(format!("{name}={v}"));
+        }
+    }
+    parts.join(", ")
 }

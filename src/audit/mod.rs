@@ -5,6 +5,7 @@
 //! only as size and hash unless their group opts in.
 
 pub mod chain;
+pub mod checkpoint;
 pub mod export;
 pub mod writer;
 
@@ -183,17 +184,15 @@ impl RequestOrigin {
     }
 }
 
-/// Drops audit partitions older than the retention period, and records that it did.
-pub async fn apply_retention(state: &crate::app::AppState) -> anyhow::Result<Vec<String>> {
-    let cutoff =
-        Utc::now() - chrono::Duration::days(i64::from(state.settings.audit_retention_days));
-    let dropped = crate::db::audit::drop_partitions_before(&state.db, cutoff).await?;
+/// Drops audit partitions older than the retention period. Each drop is recorded in the
+/// retention ledger and in the control-plane chain, in the transaction that drops it.
+pub async fn apply_retention(
+    db: &sqlx::PgPool,
+    retention_days: u32,
+) -> anyhow::Result<Vec<String>> {
+    let cutoff = Utc::now() - chrono::Duration::days(i64::from(retention_days));
+    let dropped = crate::db::audit::drop_partitions_before(db, cutoff, retention_days).await?;
     if !dropped.is_empty() {
-        let mut e = AuditEvent::new(EventKind::Retention, Outcome::Success);
-        e.admin_user = Some("toolgate".into());
-        e.resource = Some("audit_events".into());
-        e.details = Some(serde_json::json!({"dropped_partitions": dropped, "retention_days": state.settings.audit_retention_days, "cutoff": cutoff}).to_string());
-        state.audit.record(e).await?;
         tracing::info!(partitions = ?dropped, "dropped audit partitions past retention");
     }
     Ok(dropped)

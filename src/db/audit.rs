@@ -6,7 +6,8 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder, Row};
 
 use crate::audit::AuditEvent;
-use crate::audit::chain::{self, ChainedEvent};
+use crate::audit::chain::{self, ChainHead, ChainedEvent, Expectations, Retired};
+use crate::audit::checkpoint::SignedCheckpoint;
 
 const COLUMNS: &str = "id, at, chain, chain_seq, prev_hash, hash, instance, event_type, outcome, agent, client_id, jti, \
     admin_user, tool, resource, remote_addr, user_agent, request_id, call_id, exit_code, error, latency_us, bytes_in, \
@@ -28,22 +29,14 @@ pub fn partition_name(at: DateTime<Utc>) -> String {
     format!("audit_events_y{:04}m{:02}", at.year(), at.month())
 }
 
-/// Creates the month partition holding `at` if it does not exist.
+/// Creates the month partition holding `at` if it does not exist. It runs with the owner's
+/// rights (a SECURITY DEFINER function), so a serving role without CREATE can call it.
 pub async fn ensure_partition(conn: &mut PgConnection, at: DateTime<Utc>) -> sqlx::Result<()> {
-    let (start, next) = month_bounds(at);
-    // Concurrent CREATE ... IF NOT EXISTS can still collide; serialise them.
-    sqlx::query("SELECT pg_advisory_lock(7470114)")
+    sqlx::query("SELECT audit_ensure_partition($1)")
+        .bind(at)
         .execute(&mut *conn)
-        .await?;
-    let sql = format!(
-        "CREATE TABLE IF NOT EXISTS {} PARTITION OF audit_events FOR VALUES FROM ('{start}') TO ('{next}')",
-        partition_name(at)
-    );
-    let result = sqlx::query(&sql).execute(&mut *conn).await;
-    sqlx::query("SELECT pg_advisory_unlock(7470114)")
-        .execute(&mut *conn)
-        .await?;
-    result.map(|_| ())
+        .await
+        .map(|_| ())
 }
 
 fn push_row(
@@ -191,7 +184,7 @@ fn from_row(r: &PgRow) -> ChainedEvent {
 }
 
 /// Filters shared by listing, export and the admin UI.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AuditFilter {
     pub since: Option<DateTime<Utc>>,
     pub until: Option<DateTime<Utc>>,
@@ -202,6 +195,15 @@ pub struct AuditFilter {
 }
 
 impl AuditFilter {
+    /// Whether any row could be left out.
+    pub fn is_filtered(&self) -> bool {
+        self.since.is_some()
+            || self.until.is_some()
+            || [&self.agent, &self.tool, &self.event_type, &self.outcome]
+                .iter()
+                .any(|v| v.as_ref().is_some_and(|v| !v.is_empty()))
+    }
+
     fn push(&self, qb: &mut QueryBuilder<'_, Postgres>) {
         qb.push(" WHERE TRUE");
         if let Some(v) = self.since {
@@ -286,37 +288,198 @@ fn async_stream(
 }
 
 /// Drops whole month partitions that end before `cutoff`; returns their names.
+///
+/// Each drop commits together with its retention-ledger entry (which rows of which chain
+/// went) and an `audit.retention` event in the control-plane chain, so `audit verify` can
+/// tell rows retention dropped from rows someone removed.
 pub async fn drop_partitions_before(
     pool: &PgPool,
     cutoff: DateTime<Utc>,
+    retention_days: u32,
 ) -> sqlx::Result<Vec<String>> {
     let names: Vec<String> = sqlx::query_scalar(
         "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-         JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'audit_events' ORDER BY c.relname",
+         WHERE i.inhparent = 'audit_events'::regclass ORDER BY c.relname",
     )
     .fetch_all(pool)
     .await?;
     let mut dropped = Vec::new();
     for name in names {
-        let Some(rest) = name.strip_prefix("audit_events_y") else {
+        let Some(end) = partition_end(&name) else {
             continue;
         };
-        let (Ok(y), Ok(m)) = (rest[..4].parse::<i32>(), rest[5..].parse::<u32>()) else {
+        if end > cutoff {
             continue;
-        };
-        let Some(start) = Utc.with_ymd_and_hms(y, m, 1, 0, 0, 0).single() else {
-            continue;
-        };
-        let (_, end) = month_bounds(start);
-        let end = Utc.from_utc_datetime(&end.and_hms_opt(0, 0, 0).unwrap_or_default());
-        if end <= cutoff {
-            sqlx::query(&format!("DROP TABLE IF EXISTS {name}"))
-                .execute(pool)
-                .await?;
-            dropped.push(name);
         }
+        let mut tx = pool.begin().await?;
+        let chains: serde_json::Value = sqlx::query_scalar(&format!(
+            "SELECT coalesce(jsonb_agg(jsonb_build_object('chain', chain, 'first_seq', first_seq,
+                 'last_seq', last_seq, 'last_hash', last_hash, 'rows', n) ORDER BY chain), '[]'::jsonb)
+             FROM (SELECT chain, min(chain_seq) AS first_seq, max(chain_seq) AS last_seq,
+                 (array_agg(hash ORDER BY chain_seq DESC))[1] AS last_hash, count(*) AS n
+               FROM {name} GROUP BY chain) s"
+        ))
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO audit_retention_ledger (partition, range_end, chains) VALUES ($1, $2, $3)",
+        )
+        .bind(&name)
+        .bind(end)
+        .bind(&chains)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(&format!("DROP TABLE {name}"))
+            .execute(&mut *tx)
+            .await?;
+        let mut e = AuditEvent::new(
+            crate::audit::EventKind::Retention,
+            crate::audit::Outcome::Success,
+        );
+        e.admin_user = Some("toolgate".into());
+        e.resource = Some(name.clone());
+        e.details = Some(
+            serde_json::json!({"dropped_partition": name, "chains": chains, "retention_days": retention_days, "cutoff": cutoff})
+                .to_string(),
+        );
+        append_in_tx(&mut tx, crate::audit::instance_name(), e).await?;
+        tx.commit().await?;
+        dropped.push(name);
     }
     Ok(dropped)
+}
+
+/// Where a month partition named by [`partition_name`] ends.
+fn partition_end(name: &str) -> Option<DateTime<Utc>> {
+    let rest = name.strip_prefix("audit_events_y")?;
+    let (y, m) = (
+        rest.get(..4)?.parse::<i32>().ok()?,
+        rest.get(5..)?.parse::<u32>().ok()?,
+    );
+    let start = Utc.with_ymd_and_hms(y, m, 1, 0, 0, 0).single()?;
+    let (_, end) = month_bounds(start);
+    Some(Utc.from_utc_datetime(&end.and_hms_opt(0, 0, 0)?))
+}
+
+/// What the database says must exist: chain heads and what retention dropped.
+pub async fn expectations(conn: &mut PgConnection) -> sqlx::Result<Expectations> {
+    let heads = sqlx::query_as::<_, (String, i64, i64, String, i64)>(
+        "SELECT chain, first_seq, last_seq, last_hash, row_count FROM audit_chain_heads ORDER BY chain",
+    )
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .map(|(chain, first_seq, last_seq, last_hash, rows)| ChainHead {
+        chain,
+        first_seq,
+        last_seq,
+        last_hash,
+        rows,
+    })
+    .collect();
+    let retired = sqlx::query_as::<_, (String, DateTime<Utc>, String, serde_json::Value)>(
+        "SELECT partition, dropped_at, dropped_by, chains FROM audit_retention_ledger ORDER BY id",
+    )
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .map(|(partition, dropped_at, dropped_by, chains)| Retired {
+        partition,
+        dropped_at,
+        dropped_by,
+        chains: serde_json::from_value(chains).unwrap_or_default(),
+    })
+    .collect();
+    Ok(Expectations { heads, retired })
+}
+
+/// Stores a signed checkpoint.
+pub async fn insert_checkpoint(pool: &PgPool, c: &SignedCheckpoint) -> sqlx::Result<i64> {
+    sqlx::query_scalar(
+        "INSERT INTO audit_checkpoints (at, key_id, body, signature) VALUES ($1, $2, $3, $4) RETURNING id",
+    )
+    .bind(c.at)
+    .bind(&c.key_id)
+    .bind(&c.body)
+    .bind(&c.signature)
+    .fetch_one(pool)
+    .await
+}
+
+/// Every stored checkpoint, oldest first.
+pub async fn checkpoints(conn: &mut PgConnection) -> sqlx::Result<Vec<SignedCheckpoint>> {
+    Ok(
+        sqlx::query_as::<_, (i64, DateTime<Utc>, String, String, String)>(
+            "SELECT id, at, key_id, body, signature FROM audit_checkpoints ORDER BY id",
+        )
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .map(|(id, at, key_id, body, signature)| SignedCheckpoint {
+            id: Some(id),
+            at,
+            key_id,
+            body,
+            signature,
+        })
+        .collect(),
+    )
+}
+
+/// An export or a verification pass: first what must exist (read in the same snapshot as
+/// the rows), then the rows in chain order.
+// Rows are the many items; boxing them would allocate once per row for no gain.
+#[allow(clippy::large_enum_variant)]
+pub enum Snapshot {
+    Expect(Box<(Expectations, Vec<SignedCheckpoint>)>),
+    Row(ChainedEvent),
+}
+
+/// Streams [`Snapshot`] items from one REPEATABLE READ transaction, so the heads describe
+/// exactly the rows that follow. Constant memory for any range.
+pub fn snapshot(
+    pool: PgPool,
+    filter: AuditFilter,
+) -> impl Stream<Item = sqlx::Result<Snapshot>> + Send + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel::<sqlx::Result<Snapshot>>(256);
+    tokio::spawn(async move {
+        let run = async {
+            let mut conn = pool.acquire().await?;
+            sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                .execute(&mut *conn)
+                .await?;
+            let expect = expectations(&mut conn).await?;
+            let checkpoints = checkpoints(&mut conn).await?;
+            if tx
+                .send(Ok(Snapshot::Expect(Box::new((expect, checkpoints)))))
+                .await
+                .is_err()
+            {
+                return Ok(());
+            }
+            let mut qb = QueryBuilder::new(format!("SELECT {COLUMNS} FROM audit_events"));
+            filter.push(&mut qb);
+            qb.push(" ORDER BY chain, chain_seq");
+            let query = qb.build();
+            let mut rows = query.fetch(&mut *conn);
+            while let Some(row) = rows.next().await {
+                if tx
+                    .send(row.map(|r| Snapshot::Row(from_row(&r))))
+                    .await
+                    .is_err()
+                {
+                    return Ok(());
+                }
+            }
+            drop(rows);
+            sqlx::query("COMMIT").execute(&mut *conn).await?;
+            Ok::<_, sqlx::Error>(())
+        };
+        if let Err(e) = run.await {
+            let _ = tx.send(Err(e)).await;
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
 /// Calls and denials since `since`, for the dashboard.

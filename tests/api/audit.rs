@@ -7,7 +7,7 @@ use http::StatusCode;
 use serde_json::{Value, json};
 use sqlx::{PgPool, Row};
 
-use crate::helpers::{TestApp, repo_path, single_op, write_group};
+use crate::helpers::{TestApp, single_op, write_group};
 use toolgate::audit::chain::Verifier;
 use toolgate::db::audit::AuditFilter;
 
@@ -372,25 +372,392 @@ async fn export_is_filtered_and_csv_neutralises_formulas(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
-async fn retention_drops_old_partitions_and_says_so(pool: PgPool) {
+async fn retention_drops_old_partitions_records_them_and_verify_says_so(pool: PgPool) {
     let app = TestApp::new(pool.clone()).await;
-    let mut conn = pool.acquire().await.unwrap();
+    // The writer's chain begins with rows old enough for retention, then goes on today.
     let old = chrono::Utc::now() - chrono::Duration::days(800);
-    toolgate::db::audit::ensure_partition(&mut conn, old)
-        .await
-        .unwrap();
+    for n in 0..3 {
+        let mut e = toolgate::audit::AuditEvent::new(
+            toolgate::audit::EventKind::ToolCall,
+            toolgate::audit::Outcome::Success,
+        );
+        e.at = old + chrono::Duration::seconds(n);
+        app.state.audit.record(e).await.unwrap();
+    }
+    let token = app.token_for("meteo").await;
+    app.call(&token, "weather__current", json!({"city": "Paris"}))
+        .await;
     let name = toolgate::db::audit::partition_name(old);
 
-    let dropped = toolgate::audit::apply_retention(&app.state).await.unwrap();
+    let dropped = toolgate::audit::apply_retention(&pool, 365).await.unwrap();
 
     assert_eq!(dropped, std::slice::from_ref(&name));
-    let note: String =
-        sqlx::query_scalar("SELECT details FROM audit_events WHERE event_type = 'audit.retention'")
-            .fetch_one(&pool)
+    let note: String = sqlx::query_scalar(
+        "SELECT details FROM audit_events WHERE event_type = 'audit.retention' AND chain = 'control-plane'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(note.contains(&name), "{note}");
+    let (by, rows): (String, i64) = sqlx::query_as(
+        "SELECT dropped_by, (chains -> 0 ->> 'rows')::bigint FROM audit_retention_ledger WHERE partition = $1",
+    )
+    .bind(&name)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((by.as_str(), rows), ("root", 3));
+    let (ok, out) = verify_db(&pool, &[]).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("rows 1 to 3 were dropped by retention") && out.contains(&name),
+        "{out}"
+    );
+}
+
+/// The database URL of the test's own database.
+async fn db_url(pool: &PgPool) -> String {
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    format!("postgres://root@127.0.0.1:5432/{db}")
+}
+
+/// Runs the real `toolgate audit <args>` against the test database.
+async fn cli(pool: &PgPool, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .arg("audit")
+        .args(args)
+        .env("DATABASE_URL", db_url(pool).await)
+        .env("TOOLGATE_LOG", "warn")
+        .output()
+        .await
+        .unwrap()
+}
+
+/// `toolgate audit verify` on the database: whether it passed, and what it printed.
+async fn verify_db(pool: &PgPool, extra: &[&str]) -> (bool, String) {
+    let mut args = vec!["verify"];
+    args.extend_from_slice(extra);
+    let out = cli(pool, &args).await;
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// A log with a few calls on the instance chain and admin changes on the control plane.
+async fn seeded(pool: &PgPool) -> (TestApp, String) {
+    let app = TestApp::new(pool.clone()).await;
+    let token = app.token_for("meteo").await;
+    for city in ["Paris", "Tokyo", "Lima"] {
+        app.call(&token, "weather__current", json!({"city": city}))
+            .await;
+    }
+    let chain = app_chain(pool).await;
+    // The heads count every row once, whichever trigger saw it.
+    let off = count(
+        pool,
+        "SELECT count(*) FROM audit_chain_heads h WHERE row_count <> (SELECT count(*) FROM audit_events e WHERE e.chain = h.chain)
+           OR last_seq <> (SELECT max(chain_seq) FROM audit_events e WHERE e.chain = h.chain)",
+    )
+    .await;
+    assert_eq!(off, 0, "chain heads disagree with the rows");
+    let (ok, out) = verify_db(pool, &[]).await;
+    assert!(ok, "a clean log must verify: {out}");
+    (app, chain)
+}
+
+/// The instance chain (the one that is not the control plane).
+async fn app_chain(pool: &PgPool) -> String {
+    sqlx::query_scalar("SELECT chain FROM audit_events WHERE chain <> 'control-plane' LIMIT 1")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn partitions(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent = 'audit_events'::regclass",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+async fn exec(pool: &PgPool, sql: &str) -> Result<(), String> {
+    sqlx::query(sql)
+        .execute(pool)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn truncate_is_refused_on_the_table_and_every_partition_even_future_ones(pool: PgPool) {
+    let (_app, _) = seeded(&pool).await;
+    let next_year = chrono::Utc::now() + chrono::Duration::days(400);
+    let mut conn = pool.acquire().await.unwrap();
+    toolgate::db::audit::ensure_partition(&mut conn, next_year)
+        .await
+        .unwrap();
+    drop(conn);
+    let parts = partitions(&pool).await;
+    assert!(parts.contains(&toolgate::db::audit::partition_name(next_year)));
+
+    let whole = exec(&pool, "TRUNCATE audit_events").await;
+    assert!(
+        whole.as_ref().unwrap_err().contains("append-only"),
+        "{whole:?}"
+    );
+    for p in &parts {
+        let one = exec(&pool, &format!("TRUNCATE {p}")).await;
+        assert!(
+            one.as_ref().unwrap_err().contains("append-only"),
+            "{p}: {one:?}"
+        );
+    }
+    for table in ["audit_retention_ledger", "audit_checkpoints"] {
+        assert!(
+            exec(&pool, &format!("TRUNCATE {table}")).await.is_err(),
+            "{table}"
+        );
+    }
+    let (ok, out) = verify_db(&pool, &[]).await;
+    assert!(ok, "{out}");
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_detached_partition_fails_verify_naming_the_missing_rows(pool: PgPool) {
+    let (_app, chain) = seeded(&pool).await;
+    let part = partitions(&pool).await.remove(0);
+    let last: i64 = sqlx::query_scalar("SELECT max(chain_seq) FROM audit_events WHERE chain = $1")
+        .bind(&chain)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+    exec(
+        &pool,
+        &format!("ALTER TABLE audit_events DETACH PARTITION {part}"),
+    )
+    .await
+    .unwrap();
+
+    let (ok, out) = verify_db(&pool, &[]).await;
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(&format!("chain {chain}: rows 1 to {last} are missing")),
+        "{out}"
+    );
+    assert!(out.contains("chain control-plane: rows 1 to"), "{out}");
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_dropped_partition_fails_verify(pool: PgPool) {
+    let (_app, chain) = seeded(&pool).await;
+    let part = partitions(&pool).await.remove(0);
+
+    exec(&pool, &format!("DROP TABLE {part}")).await.unwrap();
+
+    let (ok, out) = verify_db(&pool, &[]).await;
+    assert!(!ok, "{out}");
+    assert!(out.contains(&format!("chain {chain}: rows 1 to")), "{out}");
+    assert!(out.contains("no retention dropped them"), "{out}");
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_table_truncated_around_its_triggers_fails_verify(pool: PgPool) {
+    let (_app, chain) = seeded(&pool).await;
+    // The owner (or a superuser) can switch the trigger off; the heads still remember.
+    for p in partitions(&pool).await {
+        exec(
+            &pool,
+            &format!("ALTER TABLE {p} DISABLE TRIGGER audit_no_truncate"),
+        )
+        .await
+        .unwrap();
+        exec(&pool, &format!("TRUNCATE {p}")).await.unwrap();
+    }
+    let left = count(&pool, "SELECT count(*) FROM audit_events").await;
+    assert_eq!(left, 0);
+
+    let (ok, out) = verify_db(&pool, &[]).await;
+    assert!(!ok, "{out}");
+    assert!(out.contains(&format!("chain {chain}: rows 1 to")), "{out}");
+}
+
+/// Lets a test edit rows as a database user with the rights to do so.
+async fn disable_row_triggers(pool: &PgPool) {
+    for p in partitions(pool).await {
+        exec(pool, &format!("ALTER TABLE {p} DISABLE TRIGGER USER"))
             .await
             .unwrap();
-    assert!(note.contains(&name), "{note}");
-    let _ = repo_path("tools");
+    }
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn deleting_a_chains_first_rows_is_not_blamed_on_retention(pool: PgPool) {
+    let (_app, chain) = seeded(&pool).await;
+    disable_row_triggers(&pool).await;
+
+    sqlx::query("DELETE FROM audit_events WHERE chain = $1 AND chain_seq <= 2")
+        .bind(&chain)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let (ok, out) = verify_db(&pool, &[]).await;
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(&format!(
+            "chain {chain}: rows 1 to 2 are missing and no retention dropped them"
+        )),
+        "{out}"
+    );
+}
+
+/// Rewrites `chain` from `seq` on as a careful forger would: the row at `seq` edited, every
+/// later hash recomputed, the recorded head moved along.
+async fn rehash_from(pool: &PgPool, chain: &str, seq: i64) {
+    use toolgate::audit::chain::{canonical, link};
+    disable_row_triggers(pool).await;
+    sqlx::query("UPDATE audit_events SET outcome = 'forged' WHERE chain = $1 AND chain_seq = $2")
+        .bind(chain)
+        .bind(seq)
+        .execute(pool)
+        .await
+        .unwrap();
+    let rows: Vec<_> = {
+        let mut s = std::pin::pin!(toolgate::db::audit::stream(
+            pool.clone(),
+            AuditFilter::default()
+        ));
+        let mut v = Vec::new();
+        while let Some(r) = s.next().await {
+            let r = r.unwrap();
+            if r.chain == chain && r.chain_seq >= seq {
+                v.push(r);
+            }
+        }
+        v
+    };
+    let mut prev: String = sqlx::query_scalar(
+        "SELECT prev_hash FROM audit_events WHERE chain = $1 AND chain_seq = $2",
+    )
+    .bind(chain)
+    .bind(seq)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    for r in rows {
+        let hash = link(
+            &prev,
+            &canonical(
+                &r.chain,
+                r.chain_seq,
+                &r.instance,
+                r.flags.as_deref(),
+                &r.event,
+            ),
+        );
+        sqlx::query(
+            "UPDATE audit_events SET prev_hash = $1, hash = $2 WHERE chain = $3 AND chain_seq = $4",
+        )
+        .bind(&prev)
+        .bind(&hash)
+        .bind(chain)
+        .bind(r.chain_seq)
+        .execute(pool)
+        .await
+        .unwrap();
+        prev = hash;
+    }
+    sqlx::query("UPDATE audit_chain_heads SET last_hash = $1 WHERE chain = $2")
+        .bind(&prev)
+        .bind(chain)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_rehashed_chain_is_caught_by_a_signed_checkpoint_online_and_offline(pool: PgPool) {
+    let (app, chain) = seeded(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("checkpoint.key");
+    let public = dir.path().join("checkpoint.key.pub");
+    let out = cli(&pool, &["keygen", "--out", key.to_str().unwrap()]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cli(&pool, &["checkpoint", "--key", key.to_str().unwrap()]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A copy of the checkpoints kept away from the database.
+    let kept = dir.path().join("checkpoints.jsonl");
+    std::fs::write(&kept, cli(&pool, &["checkpoints"]).await.stdout).unwrap();
+    // The log goes on after the checkpoint.
+    let token = app.token_for("meteo").await;
+    app.call(&token, "weather__current", json!({"city": "Oslo"}))
+        .await;
+    let pk = ["--public-key", public.to_str().unwrap()];
+    let (ok, out) = verify_db(&pool, &pk).await;
+    assert!(ok && out.contains("checkpoints: 1 verified"), "{out}");
+
+    rehash_from(&pool, &chain, 2).await;
+    // The forger also removes the stored checkpoints.
+    exec(&pool, "ALTER TABLE audit_checkpoints DISABLE TRIGGER USER")
+        .await
+        .unwrap();
+    exec(&pool, "DELETE FROM audit_checkpoints").await.unwrap();
+
+    let (ok, unkeyed) = verify_db(&pool, &[]).await;
+    assert!(ok, "without the key the forgery cannot be seen: {unkeyed}");
+    assert!(
+        unkeyed.contains("warning: no --public-key given"),
+        "{unkeyed}"
+    );
+    let (ok, keyed) = verify_db(
+        &pool,
+        &[&pk[..], &["--checkpoints", kept.to_str().unwrap()]].concat(),
+    )
+    .await;
+    assert!(!ok, "{keyed}");
+    assert!(
+        keyed.contains(&format!("BROKEN: chain {chain}")) && keyed.contains("re-hashed"),
+        "{keyed}"
+    );
+
+    // Offline: an export of the forged log, checked against the kept checkpoints.
+    let export = cli(&pool, &["export"]).await;
+    assert!(export.status.success());
+    let file = dir.path().join("export.jsonl");
+    std::fs::write(&file, &export.stdout).unwrap();
+    let offline = cli(
+        &pool,
+        &[
+            &["verify", "--file", file.to_str().unwrap()],
+            &pk[..],
+            &["--checkpoints", kept.to_str().unwrap()],
+        ]
+        .concat(),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&offline.stdout);
+    assert!(!offline.status.success(), "{text}");
+    assert!(text.contains("re-hashed"), "{text}");
 }
 
 /// A request as if it came over TCP from `ip`, so per-address limits apply to it.
