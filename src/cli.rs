@@ -25,11 +25,18 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             app::serve(*args).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Migrate(db_args) => {
+        Command::Migrate(args) => {
+            let db_args = args.db;
             // With `serve`, the only command that may create the database.
             let pool = db::connect(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
             println!("migrations applied");
+            if let Some(role) = &args.serving_role {
+                db::roles::grant_serving(&pool, role).await?;
+                println!(
+                    "granted role {role} what serving needs (the audit log: append and read only)"
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Policy { command } => policy_command(command).await,

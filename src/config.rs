@@ -35,7 +35,7 @@ pub enum Command {
     /// Serve the tools over MCP and REST, with the OAuth server and the admin API.
     Serve(Box<ServeArgs>),
     /// Apply database migrations and exit.
-    Migrate(DbArgs),
+    Migrate(MigrateArgs),
     /// Policies as code: check, apply or export the `policies/` folder.
     Policy {
         #[command(subcommand)]
@@ -61,6 +61,17 @@ pub enum Command {
         #[command(subcommand)]
         command: AdminCommand,
     },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// After migrating, grant this existing role what serving needs and no more: the
+    /// control-plane tables in full, the audit log only to append and read (no UPDATE,
+    /// DELETE, TRUNCATE or ALTER). Run as the owner role, again after every upgrade.
+    #[arg(long, env = "TOOLGATE_SERVING_ROLE")]
+    pub serving_role: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]

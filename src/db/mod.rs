@@ -4,6 +4,7 @@ pub mod admin;
 pub mod audit;
 pub mod catalog;
 pub mod policy;
+pub mod roles;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -135,7 +136,14 @@ async fn create_database(options: &PgConnectOptions, shown: &str) -> Result<(), 
 }
 
 /// Applies pending migrations (sqlx takes an advisory lock, so instances may race safely).
+///
+/// When every migration is already applied nothing is run, so a serving role that may not
+/// create tables (see `toolgate migrate --serving-role`) starts on a database its owner
+/// migrated.
 pub async fn migrate(pool: &PgPool, url: &str) -> Result<(), ConnectError> {
+    if roles::all_migrations_applied(pool).await.unwrap_or(false) {
+        return Ok(());
+    }
     MIGRATOR.run(pool).await.map_err(|e| ConnectError::Migrate {
         url: redact_url(url),
         reason: e.to_string(),

@@ -1003,3 +1003,150 @@ async fn a_row_the_database_refuses_is_isolated_and_the_others_commit(pool: PgPo
     );
     assert_eq!(walk(&pool).await, Ok(()));
 }
+
+#[sqlx::test(migrations = false)]
+async fn a_serving_role_that_may_only_append_serves_and_cannot_rewrite_the_log(pool: PgPool) {
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..10];
+    let (owner, serving) = (format!("tg_owner_{suffix}"), format!("tg_serve_{suffix}"));
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    for r in [&owner, &serving] {
+        exec(&pool, &format!("CREATE ROLE {r} LOGIN"))
+            .await
+            .unwrap();
+    }
+    // The owner owns the database (and so, on PostgreSQL 15, its public schema).
+    exec(&pool, &format!("ALTER DATABASE \"{db}\" OWNER TO {owner}"))
+        .await
+        .unwrap();
+    let url = |role: &str| format!("postgres://{role}@127.0.0.1:5432/{db}");
+
+    let migrate = tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args([
+            "migrate",
+            "--database-url",
+            &url(&owner),
+            "--serving-role",
+            &serving,
+        ])
+        .env("TOOLGATE_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+
+    let root = tempfile::tempdir().unwrap();
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+    let op = single_op("echo", schema, json!({"x-toolgate-timeout-ms": 120000}));
+    write_group(root.path(), "bulk", &op, &[("echo.sh", "#!/bin/sh\ncat\n")]);
+    let port = crate::durability::free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let mut server = crate::durability::serve(&url(&serving), root.path(), port);
+    crate::durability::wait_ready(&http, &base).await;
+    let admin = |r: reqwest::RequestBuilder| r.bearer_auth("kill-test");
+    for (path, body) in [
+        ("/api/v1/agents", json!({"name": "worker"})),
+        ("/api/v1/agents/worker/grants", json!({"target": "bulk"})),
+    ] {
+        let r = admin(http.post(format!("{base}{path}")))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            r.status().is_success(),
+            "{path}: {}",
+            r.text().await.unwrap()
+        );
+    }
+    let client: Value = admin(http.post(format!("{base}/api/v1/agents/worker/clients")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token: Value = http
+        .post(format!("{base}/oauth/token"))
+        .basic_auth(
+            client["client_id"].as_str().unwrap(),
+            client["client_secret"].as_str(),
+        )
+        .form(&[("grant_type", "client_credentials")])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let call = http
+        .post(format!("{base}/tools/bulk/echo"))
+        .bearer_auth(token["access_token"].as_str().unwrap())
+        .json(&json!({"n": 7}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(call.status(), 200, "{}", call.text().await.unwrap());
+    server.kill().await.unwrap();
+
+    let as_serving = PgPool::connect(&url(&serving)).await.unwrap();
+    assert_eq!(
+        count(&as_serving, "SELECT count(*) FROM audit_events WHERE event_type = 'tool.result' AND agent = 'worker'").await,
+        1,
+        "the call was audited by the serving role"
+    );
+    let part = partitions(&as_serving).await.remove(0);
+    for attack in [
+        "UPDATE audit_events SET outcome = 'success'".to_owned(),
+        "DELETE FROM audit_events".to_owned(),
+        "TRUNCATE audit_events".to_owned(),
+        format!("TRUNCATE {part}"),
+        format!("DROP TABLE {part}"),
+        format!("ALTER TABLE audit_events DETACH PARTITION {part}"),
+        "ALTER TABLE audit_events DISABLE TRIGGER USER".to_owned(),
+        format!("DELETE FROM {part}"),
+        "UPDATE audit_chain_heads SET last_hash = ''".to_owned(),
+        "DELETE FROM audit_retention_ledger".to_owned(),
+        "DELETE FROM audit_checkpoints".to_owned(),
+    ] {
+        let r = exec(&as_serving, &attack).await;
+        assert!(
+            r.as_ref().is_err_and(|e| e.contains("permission denied")
+                || e.contains("must be owner")
+                || e.contains("append-only")),
+            "{attack}: {r:?}"
+        );
+    }
+    as_serving.close().await;
+    let (ok, out) = {
+        let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(["audit", "verify", "--database-url", &url(&serving)])
+            .output()
+            .await
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    };
+    assert!(ok, "the serving role can verify: {out}");
+
+    // Roles are cluster-wide: leave none behind.
+    exec(&pool, &format!("ALTER DATABASE \"{db}\" OWNER TO CURRENT_USER"))
+        .await
+        .unwrap();
+    exec(&pool, &format!("REASSIGN OWNED BY {owner} TO CURRENT_USER"))
+        .await
+        .unwrap();
+    for r in [&owner, &serving] {
+        exec(&pool, &format!("DROP OWNED BY {r}")).await.unwrap();
+        exec(&pool, &format!("DROP ROLE {r}")).await.unwrap();
+    }
+}

@@ -171,7 +171,7 @@ async fn without_its_database_the_gateway_fails_closed_and_recovers(pool: PgPool
     proxied.close().await;
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -179,7 +179,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn serve(db_url: &str, tools: &std::path::Path, port: u16) -> tokio::process::Child {
+pub(crate) fn serve(db_url: &str, tools: &std::path::Path, port: u16) -> tokio::process::Child {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
         .args([
             "serve",
@@ -203,7 +203,7 @@ fn serve(db_url: &str, tools: &std::path::Path, port: u16) -> tokio::process::Ch
         .unwrap()
 }
 
-async fn wait_ready(http: &reqwest::Client, base: &str) {
+pub(crate) async fn wait_ready(http: &reqwest::Client, base: &str) {
     for _ in 0..200 {
         if let Ok(r) = http.get(format!("{base}/readyz")).send().await
             && r.status().is_success()
