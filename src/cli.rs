@@ -167,7 +167,7 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
     use std::io::Write;
 
     use crate::audit::checkpoint::{self, PublicKey, SigningKey};
-    use crate::audit::export::{self, Format, JsonlExport};
+    use crate::audit::export;
     use crate::db::audit::Snapshot;
     match command {
         AuditCommand::Export {
@@ -190,28 +190,9 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
                 outcome,
             };
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            if format == Format::Csv {
-                out.write_all(&export::csv_header())?;
-            }
-            let mut jsonl: Option<JsonlExport> = None;
-            let mut items = std::pin::pin!(db::audit::snapshot(pool, filter.clone()));
-            while let Some(item) = items.next().await {
-                match item? {
-                    Snapshot::Expect(e) if format == Format::Jsonl => {
-                        let (expect, checkpoints) = *e;
-                        let (state, header) = JsonlExport::header(&filter, expect, checkpoints);
-                        out.write_all(&header)?;
-                        jsonl = Some(state);
-                    }
-                    Snapshot::Expect(_) => {}
-                    Snapshot::Row(row) => match (&mut jsonl, format) {
-                        (Some(j), Format::Jsonl) => out.write_all(&j.row(&row))?,
-                        _ => out.write_all(&export::csv_line(&row))?,
-                    },
-                }
-            }
-            if let Some(j) = jsonl {
-                out.write_all(&j.trailer())?;
+            let mut chunks = std::pin::pin!(export::stream(pool, format, filter));
+            while let Some(chunk) = chunks.next().await {
+                out.write_all(&chunk?)?;
             }
             out.flush()?;
             Ok(ExitCode::SUCCESS)

@@ -439,23 +439,12 @@ pub fn audit_export_response(
 ) -> Response {
     use crate::audit::export::{self, Format};
     use futures::StreamExt;
-    let rows = crate::db::audit::stream(state.db.clone(), filter);
-    let header = futures::stream::iter(match format {
-        Format::Csv => Some(Ok::<_, std::io::Error>(axum::body::Bytes::from(
-            export::csv_header(),
-        ))),
-        Format::Jsonl => None,
-    });
-    let body = header.chain(rows.map(move |r| match r {
-        Ok(row) => Ok(axum::body::Bytes::from(match format {
-            Format::Csv => export::csv_line(&row),
-            Format::Jsonl => export::jsonl_line(&row),
-        })),
-        Err(e) => {
+    let body = export::stream(state.db.clone(), format, filter).map(|r| {
+        r.map_err(|e| {
             tracing::error!(error = %e, "audit export failed mid-stream");
-            Err(std::io::Error::other("audit export failed"))
-        }
-    }));
+            std::io::Error::other("audit export failed")
+        })
+    });
     let ext = match format {
         Format::Csv => "csv",
         Format::Jsonl => "jsonl",

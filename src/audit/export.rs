@@ -407,3 +407,62 @@ fn describe(f: &AuditFilter) -> String {
     }
     parts.join(", ")
 }
+
+/// The whole export as a stream of chunks: for JSONL a header (filter, heads, ledger,
+/// checkpoints, from the same snapshot as the rows), the rows, and a closing line; for CSV
+/// a header row and the rows. One row in memory at a time, whatever the range.
+pub fn stream(
+    pool: sqlx::PgPool,
+    format: Format,
+    filter: AuditFilter,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, sqlx::Error>> + Send + 'static {
+    use crate::db::audit::Snapshot;
+    use futures::StreamExt;
+    struct State {
+        items: futures::stream::BoxStream<'static, sqlx::Result<Snapshot>>,
+        jsonl: Option<JsonlExport>,
+        format: Format,
+        filter: AuditFilter,
+        failed: bool,
+    }
+    let state = State {
+        items: crate::db::audit::snapshot(pool, filter.clone()).boxed(),
+        jsonl: None,
+        format,
+        filter,
+        failed: false,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        if st.failed {
+            return None;
+        }
+        let chunk = match st.items.next().await {
+            Some(Ok(Snapshot::Expect(e))) => match st.format {
+                Format::Jsonl => {
+                    let (expect, checkpoints) = *e;
+                    let (j, header) = JsonlExport::header(&st.filter, expect, checkpoints);
+                    st.jsonl = Some(j);
+                    Ok(header)
+                }
+                Format::Csv => Ok(csv_header()),
+            },
+            Some(Ok(Snapshot::Row(row))) => Ok(match st.jsonl.as_mut() {
+                Some(j) => j.row(&row),
+                None => csv_line(&row),
+            }),
+            // A failed read ends the export without its closing line, so that verify
+            // says it was cut short.
+            Some(Err(e)) => {
+                st.failed = true;
+                Err(e)
+            }
+            None => {
+                return st
+                    .jsonl
+                    .take()
+                    .map(|j| (Ok(bytes::Bytes::from(j.trailer())), st));
+            }
+        };
+        Some((chunk.map(bytes::Bytes::from), st))
+    })
+}

@@ -182,14 +182,7 @@ async fn verify_passes_on_a_clean_log_and_finds_an_edited_row(pool: PgPool) {
 
     // An export verifies offline with the CLI.
     let file = tempfile::NamedTempFile::new().unwrap();
-    let mut rows = std::pin::pin!(toolgate::db::audit::stream(
-        pool.clone(),
-        AuditFilter::default()
-    ));
-    let mut out = Vec::new();
-    while let Some(r) = rows.next().await {
-        out.extend(toolgate::audit::export::jsonl_line(&r.unwrap()));
-    }
+    let out = cli(&pool, &["export"]).await.stdout;
     std::fs::write(file.path(), &out).unwrap();
     let ok = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
         .args(["audit", "verify", "--file"])
@@ -353,12 +346,20 @@ async fn export_is_filtered_and_csv_neutralises_formulas(pool: PgPool) {
         "{}",
         csv.text
     );
-    assert!(
-        jsonl
-            .text
-            .lines()
-            .all(|l| serde_json::from_str::<Value>(l).unwrap()["event_type"] == "tool.result")
+    let lines: Vec<Value> = jsonl
+        .text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // A header saying what was selected, the rows, a closing line counting them.
+    assert_eq!(
+        lines[0]["filter"]["event_type"], "tool.result",
+        "{}",
+        jsonl.text
     );
+    let rows = &lines[1..lines.len() - 1];
+    assert!(!rows.is_empty() && rows.iter().all(|r| r["event_type"] == "tool.result"));
+    assert_eq!(lines[lines.len() - 1]["rows"], rows.len());
     assert_eq!(page.body["events"].as_array().unwrap().len(), 2);
     let before = page.body["next_before"].as_i64().unwrap();
     let next = app
@@ -1139,9 +1140,12 @@ async fn a_serving_role_that_may_only_append_serves_and_cannot_rewrite_the_log(p
     assert!(ok, "the serving role can verify: {out}");
 
     // Roles are cluster-wide: leave none behind.
-    exec(&pool, &format!("ALTER DATABASE \"{db}\" OWNER TO CURRENT_USER"))
-        .await
-        .unwrap();
+    exec(
+        &pool,
+        &format!("ALTER DATABASE \"{db}\" OWNER TO CURRENT_USER"),
+    )
+    .await
+    .unwrap();
     exec(&pool, &format!("REASSIGN OWNED BY {owner} TO CURRENT_USER"))
         .await
         .unwrap();
@@ -1149,4 +1153,76 @@ async fn a_serving_role_that_may_only_append_serves_and_cannot_rewrite_the_log(p
         exec(&pool, &format!("DROP OWNED BY {r}")).await.unwrap();
         exec(&pool, &format!("DROP ROLE {r}")).await.unwrap();
     }
+}
+
+/// `toolgate audit verify --file` on `content`: whether it passed, and what it printed.
+async fn verify_text(pool: &PgPool, content: &str) -> (bool, String) {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), content).unwrap();
+    let out = cli(pool, &["verify", "--file", file.path().to_str().unwrap()]).await;
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_filtered_export_says_so_and_a_cut_or_edited_one_is_still_caught(pool: PgPool) {
+    let (app, _) = seeded(&pool).await;
+    let other = app.token_for("assistant").await;
+    app.post_json("/tools/search/query", Some(&other), json!({"q": "deploy"}))
+        .await;
+
+    let export = cli(&pool, &["export", "--agent", "meteo"]).await;
+    assert!(export.status.success());
+    let text = String::from_utf8(export.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let rows = lines.len() - 2;
+    assert!(rows >= 6, "{text}");
+
+    let (ok, out) = verify_text(&pool, &text).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&format!("filtered export (agent=meteo): {rows} rows")),
+        "{out}"
+    );
+    assert!(!out.contains("retention"), "{out}");
+
+    // Cut short: the closing line is gone.
+    let cut = lines[..lines.len() - 2].join("\n");
+    let (ok, out) = verify_text(&pool, &cut).await;
+    assert!(!ok && out.contains("cut short"), "{out}");
+    // A row taken out of the middle, closing line kept.
+    let mut removed = lines.clone();
+    removed.remove(3);
+    let (ok, out) = verify_text(&pool, &removed.join("\n")).await;
+    assert!(!ok && out.contains("rows were removed"), "{out}");
+    // A row edited.
+    let edited = text.replacen("\"outcome\":\"success\"", "\"outcome\":\"denied\"", 1);
+    assert_ne!(edited, text);
+    let (ok, out) = verify_text(&pool, &edited).await;
+    assert!(!ok && out.contains("edited after it was written"), "{out}");
+
+    // The whole log, exported, verifies as complete.
+    let whole = String::from_utf8(cli(&pool, &["export"]).await.stdout).unwrap();
+    let (ok, out) = verify_text(&pool, &whole).await;
+    assert!(
+        ok && out.contains("complete up to its recorded head"),
+        "{out}"
+    );
+    // ... and a whole chain taken out of it is named.
+    let without_cp: Vec<&str> = whole
+        .lines()
+        .filter(|l| !(l.starts_with("{\"id\":") && l.contains("\"chain\":\"control-plane\"")))
+        .collect();
+    let fixed = without_cp.join("\n");
+    let (ok, out) = verify_text(&pool, &fixed).await;
+    assert!(
+        !ok && out.contains("chain control-plane: rows 1 to"),
+        "{out}"
+    );
 }
