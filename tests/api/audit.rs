@@ -1226,3 +1226,68 @@ async fn a_filtered_export_says_so_and_a_cut_or_edited_one_is_still_caught(pool:
         "{out}"
     );
 }
+
+/// Durable rows per second through the group-commit writer, with the chain-heads trigger
+/// and, as the reference in the same run, without it. A measurement, not a check: run it
+/// with `cargo nextest run --release --run-ignored only -E 'test(/writer_throughput/)' --no-capture`.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+#[ignore = "a measurement; run on demand"]
+async fn writer_throughput_with_and_without_the_heads_trigger(pool: PgPool) {
+    use toolgate::audit::AuditEvent;
+    use toolgate::audit::writer::AuditLog;
+    async fn rate(pool: &PgPool) -> f64 {
+        let log = AuditLog::spawn(
+            pool.clone(),
+            format!("bench/{}", uuid::Uuid::now_v7()),
+            "bench".into(),
+        );
+        let (writers, per) = (256, 200);
+        let started = std::time::Instant::now();
+        let tasks: Vec<_> = (0..writers)
+            .map(|_| {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    for _ in 0..per {
+                        let mut e = AuditEvent::new(
+                            toolgate::audit::EventKind::ToolResult,
+                            toolgate::audit::Outcome::Success,
+                        );
+                        e.agent = Some("bench".into());
+                        e.tool = Some("bench__echo".into());
+                        log.record(e).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        f64::from(writers * per) / started.elapsed().as_secs_f64()
+    }
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        exec(
+            &pool,
+            "ALTER TABLE audit_events ENABLE TRIGGER audit_events_track_heads",
+        )
+        .await
+        .unwrap();
+        on.push(rate(&pool).await);
+        exec(
+            &pool,
+            "ALTER TABLE audit_events DISABLE TRIGGER audit_events_track_heads",
+        )
+        .await
+        .unwrap();
+        off.push(rate(&pool).await);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (on, off) = (median(&mut on), median(&mut off));
+    println!(
+        "durable audit rows/s, median of 3 runs of 51,200: {on:.0} with the heads trigger, {off:.0} without (ratio {:.2})",
+        on / off
+    );
+}
