@@ -66,8 +66,14 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
         user_agent: req
             .headers()
             .get(header::USER_AGENT)
-            .and_then(|v| v.to_str().ok())
-            .map(|s| s.chars().take(512).collect()),
+            // Header bytes need not be UTF-8: keep what was sent, invalid bytes replaced,
+            // rather than recording no user agent at all.
+            .map(|v| {
+                String::from_utf8_lossy(v.as_bytes())
+                    .chars()
+                    .take(512)
+                    .collect()
+            }),
         request_id: Some(id.clone()).filter(|s| !s.is_empty()),
     };
     let mut req = req;

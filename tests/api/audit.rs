@@ -1291,3 +1291,31 @@ async fn writer_throughput_with_and_without_the_heads_trigger(pool: PgPool) {
         on / off
     );
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_user_agent_that_is_not_utf8_is_recorded_with_the_bad_bytes_replaced(pool: PgPool) {
+    let app = echo_app(&pool).await;
+    let alice = app.agent("alice", &["bulk"]).await;
+    let ua = http::HeaderValue::from_bytes(b"probe/1 \xff\xfe").unwrap();
+
+    let r = app
+        .send(
+            http::Request::post("/tools/bulk/echo")
+                .header("authorization", format!("Bearer {alice}"))
+                .header("content-type", "application/json")
+                .header("user-agent", ua)
+                .body(axum::body::Body::from("{}"))
+                .unwrap(),
+        )
+        .await;
+
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let stored: Vec<String> = sqlx::query_scalar(
+        "SELECT user_agent FROM audit_events WHERE agent = 'alice' AND event_type = 'tool.result'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(stored, ["probe/1 \u{fffd}\u{fffd}"]);
+    assert_eq!(walk(&pool).await, Ok(()));
+}
