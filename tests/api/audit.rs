@@ -796,17 +796,16 @@ async fn eventually(pool: &PgPool, sql: &str, want: i64) -> i64 {
 /// An app with one cheap shell tool (`bulk__echo`) that many calls can run at once, so a
 /// failure can only come from the audit log, not from a loaded machine.
 async fn echo_app(pool: &PgPool) -> TestApp {
+    echo_app_with(pool, &[]).await
+}
+
+async fn echo_app_with(pool: &PgPool, extra: &[&str]) -> TestApp {
     let root = tempfile::tempdir().unwrap();
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}, "q": {"type": "string"}}, "additionalProperties": true});
     let op = single_op("echo", schema, json!({"x-toolgate-timeout-ms": 120000}));
     write_group(root.path(), "bulk", &op, &[("echo.sh", "#!/bin/sh\ncat\n")]);
-    let app = TestApp::with(
-        pool.clone(),
-        root.path(),
-        None,
-        &["--max-concurrency-per-tool", "1000"],
-    )
-    .await;
+    let args = [&["--max-concurrency-per-tool", "1000"], extra].concat();
+    let app = TestApp::with(pool.clone(), root.path(), None, &args).await;
     // The scripts are read at call time: the folder must outlive the app.
     std::mem::forget(root);
     app
@@ -814,7 +813,10 @@ async fn echo_app(pool: &PgPool) -> TestApp {
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn an_outsider_flooding_nul_bytes_fails_no_legit_call(pool: PgPool) {
-    let app = echo_app(&pool).await;
+    // A small per-address budget, so that part of the flood is refused by the limit (and
+    // audited as such) however slowly this machine sends it.
+    let limit = ["--token-rate-per-ip", "1", "--token-burst-per-ip", "5"];
+    let app = echo_app_with(&pool, &limit).await;
     let alice = app.agent("alice", &["bulk"]).await;
     let (bob_id, bob_secret) = {
         app.agent("bob", &["bulk"]).await;
