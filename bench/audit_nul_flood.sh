@@ -62,4 +62,4 @@ failed=$(cat "$work"/legit.* | grep -vc '^200$' || true)
 rounds=$(cat "$work"/hostile.* | wc -l)
 stored=$(psql -Atq -h 127.0.0.1 -U root -d "$db" -c "SELECT count(*) FROM audit_events WHERE flags IS NOT NULL")
 echo "legit requests failed while an outsider sent NUL bytes: $failed of $total (10 s; $rounds hostile rounds of 3 requests; $stored flagged rows stored)"
-$bin audit verify --database-url "$url" | head -1
+$bin audit verify --database-url "$url" | sed -n 1p
