@@ -32,7 +32,7 @@ const ASSERTION_ALGS: [Algorithm; 4] = [
     Algorithm::PS256,
 ];
 /// Longest lifetime accepted for a client assertion.
-const MAX_ASSERTION_LIFETIME_SECS: i64 = 600;
+pub const MAX_ASSERTION_LIFETIME_SECS: i64 = 600;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -351,64 +351,98 @@ async fn verify_assertion(
     form_client_id: Option<&String>,
 ) -> Result<AuthenticatedClient, OAuthError> {
     let fail = || OAuthError::invalid_client("client assertion rejected");
-    let header = jsonwebtoken::decode_header(assertion).map_err(|_| fail())?;
-    if !ASSERTION_ALGS.contains(&header.alg) {
-        return Err(fail());
-    }
-    let client_id = match (form_client_id, unverified_claim(assertion, "sub")) {
-        (Some(f), Some(s)) if *f != s => return Err(fail()),
-        (_, Some(s)) => s,
-        _ => return Err(fail()),
-    };
+    let client_id =
+        assertion_client_id(assertion, form_client_id.map(String::as_str)).ok_or_else(fail)?;
     let client = db::policy::client(&state.db, &client_id)
         .await
         .ok()
         .flatten()
         .ok_or_else(fail)?;
-    let jwks: jsonwebtoken::jwk::JwkSet = client
-        .jwks
-        .clone()
-        .and_then(|j| serde_json::from_value(j).ok())
-        .ok_or_else(fail)?;
-    let jwk = match &header.kid {
-        Some(kid) => jwks.find(kid),
-        None if jwks.keys.len() == 1 => jwks.keys.first(),
-        None => None,
-    }
+    let verified = check_assertion(
+        assertion,
+        &client_id,
+        client.jwks.as_ref(),
+        &state.settings.issuer,
+    )
     .ok_or_else(fail)?;
-    let key = DecodingKey::from_jwk(jwk).map_err(|_| fail())?;
-    let mut v = Validation::new(header.alg);
-    v.set_issuer(&[&client_id]);
-    v.sub = Some(client_id.clone());
-    v.set_audience(&[
-        format!("{}/oauth/token", state.settings.issuer),
-        state.settings.issuer.clone(),
-    ]);
-    v.set_required_spec_claims(&["exp", "iss", "sub", "aud"]);
-    v.validate_nbf = true;
-    v.leeway = token::CLOCK_LEEWAY_SECS;
-    let data = jsonwebtoken::decode::<Value>(assertion, &key, &v).map_err(|_| fail())?;
-    let now = Utc::now().timestamp();
-    let exp = data.claims.get("exp").and_then(Value::as_i64).unwrap_or(0);
-    if exp - now > MAX_ASSERTION_LIFETIME_SECS {
-        return Err(fail());
-    }
-    let iat = data
-        .claims
-        .get("iat")
-        .and_then(|v| v.as_i64().or_else(|| v.as_f64().map(|f| f as i64)));
-    token::check_iat(iat, now).map_err(|_| fail())?;
-    let jti = data
-        .claims
-        .get("jti")
-        .and_then(Value::as_str)
-        .ok_or_else(fail)?;
-    if !state.replay.first_use(&format!("{client_id}:{jti}"), exp) {
+    if !state
+        .replay
+        .first_use(&format!("{client_id}:{}", verified.jti), verified.exp)
+    {
         return Err(fail());
     }
     Ok(AuthenticatedClient {
         client_id: client.client_id,
         agent: client.agent,
+    })
+}
+
+/// The client a `private_key_jwt` assertion speaks for (its unverified `sub`, which must agree
+/// with a `client_id` sent beside it), or `None` before any database lookup if the assertion
+/// cannot be one of ours.
+pub fn assertion_client_id(assertion: &str, form_client_id: Option<&str>) -> Option<String> {
+    let header = jsonwebtoken::decode_header(assertion).ok()?;
+    if !ASSERTION_ALGS.contains(&header.alg) {
+        return None;
+    }
+    match (form_client_id, unverified_claim(assertion, "sub")) {
+        (Some(f), Some(s)) if f != s => None,
+        (_, s) => s,
+    }
+}
+
+/// What a verified client assertion carries for the replay check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedAssertion {
+    pub jti: String,
+    pub exp: i64,
+    pub claims: Value,
+}
+
+/// Verifies an assertion against the client's registered JWKS: algorithm, key, signature,
+/// `iss` = `sub` = the client, `aud` = our token endpoint or issuer, `exp` at most
+/// [`MAX_ASSERTION_LIFETIME_SECS`] ahead, `nbf` and `iat` not in the future (within
+/// [`token::CLOCK_LEEWAY_SECS`]), a `jti`. Single use is the caller's to enforce.
+pub fn check_assertion(
+    assertion: &str,
+    client_id: &str,
+    jwks: Option<&Value>,
+    issuer: &str,
+) -> Option<VerifiedAssertion> {
+    let header = jsonwebtoken::decode_header(assertion).ok()?;
+    if !ASSERTION_ALGS.contains(&header.alg) {
+        return None;
+    }
+    let jwks: jsonwebtoken::jwk::JwkSet = serde_json::from_value(jwks?.clone()).ok()?;
+    let jwk = match &header.kid {
+        Some(kid) => jwks.find(kid),
+        None if jwks.keys.len() == 1 => jwks.keys.first(),
+        None => None,
+    }?;
+    let key = DecodingKey::from_jwk(jwk).ok()?;
+    let mut v = Validation::new(header.alg);
+    v.set_issuer(&[client_id]);
+    v.sub = Some(client_id.to_owned());
+    v.set_audience(&[format!("{issuer}/oauth/token"), issuer.to_owned()]);
+    v.set_required_spec_claims(&["exp", "iss", "sub", "aud"]);
+    v.validate_nbf = true;
+    v.leeway = token::CLOCK_LEEWAY_SECS;
+    let data = jsonwebtoken::decode::<Value>(assertion, &key, &v).ok()?;
+    let now = Utc::now().timestamp();
+    let exp = data.claims.get("exp").and_then(Value::as_i64).unwrap_or(0);
+    if exp - now > MAX_ASSERTION_LIFETIME_SECS {
+        return None;
+    }
+    let iat = data
+        .claims
+        .get("iat")
+        .and_then(|v| v.as_i64().or_else(|| v.as_f64().map(|f| f as i64)));
+    token::check_iat(iat, now).ok()?;
+    let jti = data.claims.get("jti").and_then(Value::as_str)?.to_owned();
+    Some(VerifiedAssertion {
+        jti,
+        exp,
+        claims: data.claims,
     })
 }
 
