@@ -218,7 +218,15 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
             match serde_yaml::from_str(yaml) {
                 Ok(f) => f,
                 Err(e) => {
-                    let line = e.location().map(|l| l.line() + 1).unwrap_or(1);
+                    // YAML also breaks lines at a lone `\r`, so its line number can point past
+                    // the end of the file; count the file's own lines up to the error instead.
+                    let line = e
+                        .location()
+                        .map(|l| {
+                            let upto = &yaml.as_bytes()[..l.index().min(yaml.len())];
+                            upto.iter().filter(|b| **b == b'\n').count() + 2
+                        })
+                        .unwrap_or(1);
                     problems.push(problem(line, format!("invalid front matter: {e}")));
                     continue;
                 }
@@ -928,5 +936,20 @@ mod tests {
         assert_eq!(yaml, "tools: [search]\n");
         assert_eq!(body, "Hello\n");
         assert!(split_front_matter("tools: [search]\n").is_none());
+    }
+
+    /// Found by fuzzing (`fuzz/`, target `agent_md`): lone carriage returns made the reported
+    /// line 16 of a 5-line file.
+    #[test]
+    fn a_front_matter_error_is_located_inside_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("agents/a")).unwrap();
+        let text = "---\r\ntools: [w\r\r\r\r\r\r\r\r\r\r\r\r\r\r\t0tbaeher]\r\n---\r\nbody\r\n";
+        std::fs::write(dir.path().join("agents/a/agent.md"), text).unwrap();
+        let (policies, problems) = read_dir(dir.path());
+        assert!(policies.agents.is_empty());
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].line, 2, "{}", problems[0]);
+        assert!(problems[0].message.starts_with("invalid front matter"));
     }
 }
