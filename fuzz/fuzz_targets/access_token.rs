@@ -4,15 +4,15 @@
 //!
 //! Input: one line is a raw token; `<header JSON>\n<payload JSON>[\n<signer>]` is signed (see
 //! `toolgate_fuzz::signed`). Invariant beyond "no panic": an accepted token is signed by the
-//! trusted key, is EdDSA `at+jwt`, names our issuer and audience, has not expired, is not
-//! revoked and belongs to a live client of its agent.
+//! trusted key, is EdDSA `at+jwt`, names our issuer and audience, has not expired, is
+//! already valid (`nbf`, `iat`), is not revoked and belongs to a live client of its agent.
 
 #![no_main]
 
 use std::sync::{Arc, LazyLock};
 
 use libfuzzer_sys::fuzz_target;
-use toolgate::auth::token::{TOKEN_TYPE, verify};
+use toolgate::auth::token::{CLOCK_LEEWAY_SECS, TOKEN_TYPE, verify};
 use toolgate::policy::snapshot::{ClientRecord, PolicySnapshot, PolicyState, VerifyKey};
 use toolgate_fuzz::{Keys, now, signed};
 
@@ -72,10 +72,22 @@ fuzz_target!(|data: &[u8]| {
     ));
     assert_eq!(claims.iss, ISSUER);
     assert_eq!(claims.aud, AUDIENCE);
+    let (t, leeway) = (now(), CLOCK_LEEWAY_SECS as i64);
     assert!(
-        claims.exp >= now() - 5,
+        claims.exp >= t - leeway,
         "accepted an expired token: {claims:?}"
     );
+    assert!(
+        claims.iat <= t + leeway,
+        "accepted a token issued in the future: {claims:?}"
+    );
+    let payload = toolgate_fuzz::payload_of(&token).expect("an accepted token has a payload");
+    if let Some(nbf) = payload.get("nbf").and_then(serde_json::Value::as_f64) {
+        assert!(
+            nbf as i64 <= t + leeway,
+            "accepted a token not yet valid: {payload}"
+        );
+    }
     assert_ne!(
         principal.jti,
         Some(REVOKED.parse().unwrap()),

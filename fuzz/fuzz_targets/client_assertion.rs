@@ -6,8 +6,8 @@
 //! run time (see `toolgate_fuzz::signed`) and checked against the client's registered JWKS
 //! (an Ed25519 and a P-256 key) or, when given, the fuzzed JWKS. Invariant beyond "no panic":
 //! an accepted assertion is signed by a registered key, has `iss` = `sub` = the client, our
-//! audience, a `jti`, and an `exp` that is neither past nor more than the maximum lifetime
-//! ahead.
+//! audience, a `jti`, no `nbf` or `iat` in the future, and an `exp` that is neither past
+//! nor more than the maximum lifetime ahead.
 
 #![no_main]
 
@@ -17,6 +17,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
+use toolgate::auth::token::CLOCK_LEEWAY_SECS;
 use toolgate::oauth::{MAX_ASSERTION_LIFETIME_SECS, assertion_client_id, check_assertion};
 use toolgate_fuzz::{Keys, now, signed};
 
@@ -99,10 +100,19 @@ fuzz_target!(|data: &[u8]| {
         "accepted an assertion for another audience: {claims}"
     );
     let t = now();
+    let leeway = CLOCK_LEEWAY_SECS as i64;
     assert!(
-        verified.exp >= t - 5,
+        verified.exp >= t - leeway,
         "accepted an expired assertion: {claims}"
     );
+    for claim in ["nbf", "iat"] {
+        if let Some(at) = claims.get(claim).and_then(Value::as_f64) {
+            assert!(
+                at as i64 <= t + leeway,
+                "accepted an assertion with {claim} ahead: {claims}"
+            );
+        }
+    }
     assert!(
         verified.exp - t <= MAX_ASSERTION_LIFETIME_SECS,
         "accepted an assertion living too long: {claims}"
