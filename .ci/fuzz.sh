@@ -10,6 +10,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../fuzz"
 toolchain=${FUZZ_TOOLCHAIN:-nightly}
 seconds=${FUZZ_SECONDS:-60}
+# The sanitizer build of every dependency takes many minutes on a small machine: keep it
+# between runs on the same machine (a new machine builds it once).
+export CARGO_TARGET_DIR=${FUZZ_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/toolgate-ci/fuzz-target}
 
 if ! cargo "+$toolchain" --version >/dev/null 2>&1; then
   echo "fuzzing needs the $toolchain toolchain (rustup toolchain install $toolchain)" >&2
