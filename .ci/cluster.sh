@@ -62,8 +62,8 @@ wait_ready() { # name, url, pid, log
 
 if ! command -v nginx >/dev/null; then
   echo "installing nginx"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null ||
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null; }
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; }
 fi
 if ! redis-cli -u "$redis_url" ping >/dev/null 2>&1; then
   if ! command -v redis-server >/dev/null; then

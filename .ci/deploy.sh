@@ -55,8 +55,8 @@ check_compose() {
 check_nginx() {
   echo "--- deploy/nginx/nginx.conf: nginx -t"
   if ! command -v nginx >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null ||
-      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null ||
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; }
   fi
   local tmp
   tmp=$(mktemp -d)

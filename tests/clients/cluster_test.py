@@ -299,10 +299,12 @@ async def kill_under_load(lb: Instance, token: str, agent: str, args: argparse.N
                         if client is None:
                             client = await stack.enter_async_context(connect(lb.base + "/mcp", mode, token, seen))
                         n = len(seen)
+                        # Only a call sent after the kill must not be answered by B.
+                        sent_after_kill = killed_at[0] is not None
                         words = await wordcount(client, text)
                         expect(words == 5, f"counted {words}")
                         succeeded.append(text)
-                        if killed_at[0] is not None:
+                        if sent_after_kill:
                             after_kill.extend(seen[n:])
                         break
                     except Exception as e:  # noqa: BLE001 - the client retries on a fresh connection
