@@ -7,8 +7,9 @@
 # Cargo.toml, a template, a migration, an `include_str!`) fails here as it would fail there.
 #
 # The target directory is the repository's own (CARGO_TARGET_DIR, default ./target): the
-# dependencies are already compiled there, so only the crate itself is compiled again. Debug is
-# enough to find a missing file; the image builds with --release.
+# dependencies are already compiled there, so only the crate itself is compiled again (it is:
+# the copies are newer than its last build). Debug is enough to find a missing file; the image
+# builds with --release.
 #
 # Usage: bash .ci/docker-context.sh [Dockerfile]     (DOCKER_CONTEXT_DRY_RUN=1: lay out only)
 set -euo pipefail
@@ -163,7 +164,9 @@ for kw, rest in build["ops"]:
                         target = dest_abs
                     out = rootfs + os.path.normpath(target)
                     os.makedirs(os.path.dirname(out), exist_ok=True)
-                    shutil.copy2(os.path.join(context, f), out)
+                    # Content and mode, not the time: newer files make cargo compile the crate
+                    # again from this context, whatever its fingerprints say.
+                    shutil.copy(os.path.join(context, f), out)
                     copied += 1
         print(f"  {kw} {rest}", file=sys.stderr)
 print(f"{copied} file(s) copied into the build stage", file=sys.stderr)
