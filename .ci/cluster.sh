@@ -119,7 +119,7 @@ start() { # name, port
   local log="$out/server-$1.log"
   "$bin" serve --database-url "$database_url" --bind "127.0.0.1:$2" --public-url "$public_url" \
     --admin-token "$admin_token" --tools-dir ./tools --policies-dir ./policies \
-    --token-rate-per-ip 200 --token-burst-per-ip 2000 "${shared[@]}" >"$log" 2>&1 &
+    --trusted-proxy 127.0.0.1 --token-rate-per-ip 200 --token-burst-per-ip 2000 "${shared[@]}" >"$log" 2>&1 &
   local pid=$!
   pids+=("$pid")
   wait_ready "instance $1" "http://127.0.0.1:$2" "$pid" "$log"

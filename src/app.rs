@@ -39,6 +39,8 @@ pub struct Settings {
     pub output: OutputLimits,
     /// Names this instance in logs, metrics and the audit log.
     pub instance: String,
+    /// Reverse proxies whose `X-Forwarded-For` names the client (see [`crate::http::client_addr`]).
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 impl Settings {
@@ -88,6 +90,7 @@ impl Settings {
                 ..OutputLimits::default()
             },
             instance: crate::audit::instance_name().to_owned(),
+            trusted_proxies: args.trusted_proxies.clone(),
         })
     }
 }

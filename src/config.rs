@@ -164,6 +164,16 @@ pub struct ServeArgs {
     /// Burst of token requests allowed from one client IP.
     #[arg(long, env = "TOOLGATE_TOKEN_BURST_PER_IP", default_value_t = 20)]
     pub token_burst_per_ip: u32,
+    /// Addresses or networks of reverse proxies (load balancers) whose `X-Forwarded-For` is
+    /// believed: the client is the first address, read from the right, that is not one of them.
+    /// Without it the peer address is the client, whatever the header says.
+    #[arg(
+        long = "trusted-proxy",
+        env = "TOOLGATE_TRUSTED_PROXIES",
+        value_delimiter = ',',
+        value_parser = parse_net
+    )]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Page size of tools/list.
     #[arg(long, env = "TOOLGATE_PAGE_SIZE", default_value_t = 100)]
     pub page_size: usize,
@@ -338,4 +348,12 @@ pub enum AuditCommand {
         #[arg(long, env = "TOOLGATE_AUDIT_RETENTION_DAYS", default_value_t = 365)]
         days: u32,
     },
+}
+
+/// A network (`10.0.0.0/8`) or a single address (`10.1.2.3`, taken as `/32` or `/128`).
+fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
+    let s = s.trim();
+    s.parse::<ipnet::IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{s:?} is neither an IP address nor a network such as 10.0.0.0/8"))
 }
