@@ -202,9 +202,22 @@ async fn hung_server() -> (u16, tokio::task::JoinHandle<()>) {
     (port, task)
 }
 
-/// A proxy to the real Redis that can be cut: open connections drop, new ones are refused.
-async fn cuttable_proxy() -> (u16, tokio::sync::watch::Sender<bool>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+/// A proxy to the real Redis on `port` (0: any) that can be cut: open connections drop, new
+/// ones are refused.
+async fn cuttable_proxy(port: u16) -> (u16, tokio::sync::watch::Sender<bool>) {
+    // The port of a proxy just cut is free once its listener is dropped, which its task does
+    // as it ends.
+    let mut tries = 0;
+    let l = loop {
+        match TcpListener::bind(("127.0.0.1", port)).await {
+            Ok(l) => break l,
+            Err(_) if tries < 100 => {
+                tries += 1;
+                tokio::task::yield_now().await;
+            }
+            Err(e) => panic!("cannot listen on {port}: {e}"),
+        }
+    };
     let port = l.local_addr().unwrap().port();
     let (cut, cut_rx) = tokio::sync::watch::channel(false);
     let mut accept_rx = cut_rx.clone();
@@ -268,7 +281,7 @@ async fn fail_open_counts_in_the_instance_when_redis_is_unreachable(pool: PgPool
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn fail_open_takes_over_when_redis_stops_talking_mid_way(pool: PgPool) {
-    let (port, cut) = cuttable_proxy().await;
+    let (port, cut) = cuttable_proxy(0).await;
     let url = format!("redis://127.0.0.1:{port}");
     let prefix = prefix();
     let app = instance(&pool, true, Some((&url, &prefix)), &[]).await;
@@ -306,6 +319,37 @@ async fn fail_open_takes_over_when_redis_stops_talking_mid_way(pool: PgPool) {
         started.elapsed()
     );
     assert!(store_errors(&app.get("/metrics", None).await.text) >= 1);
+
+    // Redis back: the connection manager reconnects, and the next request is counted there
+    // again (Redis has one request of the burst left; this instance's own counters none).
+    let key = format!("{prefix}{{midway}}:*");
+    let tat = |mut redis: redis::aio::MultiplexedConnection| {
+        let key = key.clone();
+        async move {
+            redis::cmd("GET")
+                .arg(&key)
+                .query_async::<Option<String>>(&mut redis)
+                .await
+                .unwrap()
+        }
+    };
+    let before = tat(redis.clone()).await;
+    let (_, _back) = cuttable_proxy(port).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut admitted = false;
+    while Instant::now() < deadline {
+        if !is_rate_limited(&list().await) {
+            admitted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(admitted, "never counted in Redis again after it came back");
+    assert_ne!(
+        tat(redis.clone()).await,
+        before,
+        "admitted, but not by Redis"
+    );
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
@@ -402,4 +446,46 @@ async fn check_latency(pool: PgPool) {
         l99 as f64 / 1e3,
         (r50 as f64 - l50 as f64) / 1e3
     );
+}
+
+/// Limits stored before periods existed (whole requests per second) survive the migration
+/// unchanged in meaning, and load.
+#[sqlx::test(migrations = false)]
+async fn limits_stored_per_second_survive_the_migration(pool: PgPool) {
+    let all = &toolgate::db::MIGRATOR;
+    let at = all
+        .iter()
+        .position(|m| m.description.contains("rate limit periods"))
+        .expect("the migration is there");
+    let before = sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Owned(all.iter().take(at).cloned().collect()),
+        ignore_missing: false,
+        locking: true,
+        no_tx: false,
+    };
+    before.run(&pool).await.unwrap();
+    let agent = uuid::Uuid::now_v7();
+    sqlx::query("INSERT INTO agents (id, name) VALUES ($1, 'legacy')")
+        .bind(agent)
+        .execute(&pool)
+        .await
+        .unwrap();
+    for (pattern, per_second, burst) in [(None, 5, 10), (Some("weather"), 2_000_000_000, 3)] {
+        sqlx::query("INSERT INTO rate_limits (id, agent_id, pattern, per_second, burst) VALUES ($1, $2, $3, $4, $5)")
+            .bind(uuid::Uuid::now_v7())
+            .bind(agent)
+            .bind(pattern)
+            .bind(per_second)
+            .bind(burst)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+
+    all.run(&pool).await.unwrap();
+
+    let state = toolgate::db::policy::load_state(&pool).await.unwrap();
+    let legacy = state.agents.iter().find(|a| a.name == "legacy").unwrap();
+    let shown: Vec<String> = legacy.limits.iter().map(|l| l.limit.to_string()).collect();
+    assert_eq!(shown, ["5/second burst 10", "1000000/second burst 3"]);
 }
