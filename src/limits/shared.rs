@@ -25,7 +25,7 @@ pub const CLOSED_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// one tries again: an outage costs each request nothing, not a timeout each.
 const RETRY_EVERY: Duration = Duration::from_millis(250);
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StoreSettings {
     pub url: String,
     /// Put before every key, so several deployments (or tests) can share one Redis.
@@ -33,6 +33,33 @@ pub struct StoreSettings {
     pub failure_mode: FailureMode,
     /// How long one check may wait for Redis before it counts as failed.
     pub timeout: Duration,
+}
+
+impl StoreSettings {
+    /// The URL without its password, for logs.
+    pub fn shown_url(&self) -> String {
+        match url::Url::parse(&self.url) {
+            Ok(mut u) => {
+                if u.password().is_some() {
+                    let _ = u.set_password(Some("***"));
+                }
+                u.to_string()
+            }
+            Err(_) => "(unparsable URL)".into(),
+        }
+    }
+}
+
+/// Never prints the URL's password.
+impl std::fmt::Debug for StoreSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreSettings")
+            .field("url", &self.shown_url())
+            .field("key_prefix", &self.key_prefix)
+            .field("failure_mode", &self.failure_mode)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 /// GCRA over every limit of one request. `KEYS[i]` is a limit's key, `ARGV[2i-1]` its
@@ -88,6 +115,11 @@ impl SharedStore {
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_max_delay(Duration::from_secs(2));
         let conn = client.get_connection_manager_lazy(config)?;
+        tracing::info!(
+            redis = %settings.shown_url(),
+            failure_mode = ?settings.failure_mode,
+            "agent rate limits are counted in Redis, shared by every instance"
+        );
         Ok(Self {
             conn,
             script: redis::Script::new(GCRA),
@@ -181,5 +213,23 @@ impl SharedStore {
                 ),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_never_show_the_password() {
+        let s = StoreSettings {
+            url: "redis://user:s3cret@cache.internal:6379/2".into(),
+            key_prefix: "p:".into(),
+            failure_mode: FailureMode::Open,
+            timeout: Duration::from_millis(50),
+        };
+        let shown = format!("{s:?} {}", s.shown_url());
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("cache.internal:6379/2"), "{shown}");
     }
 }

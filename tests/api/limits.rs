@@ -489,3 +489,30 @@ async fn limits_stored_per_second_survive_the_migration(pool: PgPool) {
     let shown: Vec<String> = legacy.limits.iter().map(|l| l.limit.to_string()).collect();
     assert_eq!(shown, ["5/second burst 10", "1000000/second burst 3"]);
 }
+
+#[test]
+fn a_redis_url_the_client_cannot_use_stops_serve_at_start() {
+    use clap::Parser;
+    use toolgate::config::{Cli, Command};
+    for (url, mode) in [("http://127.0.0.1:6379", "open"), ("not a url", "closed")] {
+        let Command::Serve(serve) = Cli::try_parse_from([
+            "toolgate",
+            "serve",
+            "--redis-url",
+            url,
+            "--redis-failure-mode",
+            mode,
+        ])
+        .unwrap()
+        .command
+        else {
+            unreachable!()
+        };
+        let err = toolgate::app::Settings::from_args(&serve).unwrap_err();
+        assert!(err.to_string().contains("--redis-url"), "{url}: {err}");
+    }
+    assert!(
+        Cli::try_parse_from(["toolgate", "serve", "--redis-failure-mode", "maybe"]).is_err(),
+        "an unknown failure mode was accepted"
+    );
+}
