@@ -9,7 +9,7 @@ use axum::Router;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
-use crate::config::{ScriptSandbox, ServeArgs};
+use crate::config::{RedisFailureMode, ScriptSandbox, ServeArgs};
 use crate::metrics::Metrics;
 use crate::policy::snapshot::PolicyHandle;
 use crate::pool::loader::{LoaderSettings, load_pool};
@@ -36,6 +36,8 @@ pub struct Settings {
     pub loader: LoaderSettings,
     pub audit_retention_days: u32,
     pub token_rate: (u32, u32),
+    /// Where agent limits are counted across instances; `None`: in each instance.
+    pub limits_store: Option<crate::limits::StoreSettings>,
     pub output: OutputLimits,
     /// Names this instance in logs, metrics and the audit log.
     pub instance: String,
@@ -65,6 +67,9 @@ impl Settings {
             allowed_hosts.push(host.to_owned());
         }
         allowed_hosts.extend(args.allowed_hosts.iter().cloned());
+        if let Some(url) = args.redis_url.as_ref().filter(|u| !u.is_empty()) {
+            crate::limits::SharedStore::check_url(url)?;
+        }
         let mut allowed_origins = vec![origin_of(&public)];
         allowed_origins.extend(args.allowed_origins.iter().cloned());
         Ok(Self {
@@ -85,6 +90,19 @@ impl Settings {
             },
             audit_retention_days: args.audit_retention_days.max(1),
             token_rate: (args.token_rate_per_ip, args.token_burst_per_ip),
+            limits_store: args
+                .redis_url
+                .as_ref()
+                .filter(|u| !u.is_empty())
+                .map(|url| crate::limits::StoreSettings {
+                    url: url.clone(),
+                    key_prefix: args.redis_key_prefix.clone(),
+                    failure_mode: match args.redis_failure_mode {
+                        RedisFailureMode::Open => crate::limits::FailureMode::Open,
+                        RedisFailureMode::Closed => crate::limits::FailureMode::Closed,
+                    },
+                    timeout: Duration::from_millis(args.redis_timeout_ms.clamp(1, 10_000)),
+                }),
             output: OutputLimits {
                 max_stdout: args.max_stdout_bytes.max(1024),
                 ..OutputLimits::default()
@@ -183,7 +201,19 @@ impl AppState {
         db: PgPool,
         audit: crate::audit::writer::AuditLog,
     ) -> Self {
-        let limits = crate::limits::RateLimits::new(settings.token_rate.0, settings.token_rate.1);
+        let metrics = Metrics::new();
+        // `from_args` has checked the URL, so this cannot fail on it; the connection itself is
+        // made on first use, and a Redis that is down is handled by the failure mode.
+        let shared = settings.limits_store.as_ref().and_then(|s| {
+            crate::limits::SharedStore::connect(s, metrics.rate_limit_store_errors.clone())
+                .inspect_err(|e| tracing::error!(error = %e, "cannot use the rate-limit store"))
+                .ok()
+        });
+        let limits = crate::limits::RateLimits::with_store(
+            settings.token_rate.0,
+            settings.token_rate.1,
+            shared,
+        );
         Self(Arc::new(Inner {
             audit,
             limits,
@@ -191,7 +221,7 @@ impl AppState {
             settings,
             db,
             policy: PolicyHandle::default(),
-            metrics: Metrics::new(),
+            metrics,
             replay: crate::oauth::ReplayCache::default(),
             reload_lock: std::sync::Mutex::new(()),
             catalog_sync: tokio::sync::Mutex::new(()),

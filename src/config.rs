@@ -174,6 +174,29 @@ pub struct ServeArgs {
         value_parser = parse_net
     )]
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Redis URL for rate-limit counters shared by every instance (`redis://host:6379/0`).
+    /// Without it, each instance counts its own.
+    #[arg(long, env = "TOOLGATE_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+    /// When Redis cannot answer a limit check in time: `open` counts in this instance
+    /// instead, `closed` refuses the request with 503.
+    #[arg(
+        long,
+        env = "TOOLGATE_REDIS_FAILURE_MODE",
+        value_enum,
+        default_value = "open"
+    )]
+    pub redis_failure_mode: RedisFailureMode,
+    /// Put before every Redis key, so several deployments can share one Redis.
+    #[arg(
+        long,
+        env = "TOOLGATE_REDIS_KEY_PREFIX",
+        default_value = "toolgate:rl:"
+    )]
+    pub redis_key_prefix: String,
+    /// How long a limit check waits for Redis before the failure mode applies.
+    #[arg(long, env = "TOOLGATE_REDIS_TIMEOUT_MS", default_value_t = 50)]
+    pub redis_timeout_ms: u64,
     /// Page size of tools/list.
     #[arg(long, env = "TOOLGATE_PAGE_SIZE", default_value_t = 100)]
     pub page_size: usize,
@@ -181,6 +204,12 @@ pub struct ServeArgs {
     /// and the search meta-tools above it.
     #[arg(long, env = "TOOLGATE_SEARCH_TOKEN_BUDGET", default_value_t = crate::search::DEFAULT_TOKEN_BUDGET)]
     pub search_token_budget: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RedisFailureMode {
+    Open,
+    Closed,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -6,6 +6,7 @@ mod cli;
 mod credentials;
 mod durability;
 mod helpers;
+mod limits;
 mod mcp;
 mod perimeter;
 mod policy;
