@@ -169,8 +169,6 @@ pub struct Inner {
     pub audit: crate::audit::writer::AuditLog,
     pub limits: crate::limits::RateLimits,
     pub upstreams: crate::upstream::Upstreams,
-    /// Client-assertion ids already used on this instance.
-    pub replay: crate::oauth::ReplayCache,
     /// Serialises pool reloads so two bursts of file events never interleave.
     reload_lock: std::sync::Mutex<()>,
     /// Serialises writes of the catalog table.
@@ -222,7 +220,6 @@ impl AppState {
             db,
             policy: PolicyHandle::default(),
             metrics,
-            replay: crate::oauth::ReplayCache::default(),
             reload_lock: std::sync::Mutex::new(()),
             catalog_sync: tokio::sync::Mutex::new(()),
         }))
@@ -444,6 +441,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }
         });
     }
+    {
+        // Short-lived shared rows (a sign-in key lives a minute, an assertion id ten): pruned
+        // often, so a spray of attempts leaves little behind.
+        let db = state.db.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SHARED_STATE_PRUNE_EVERY);
+            loop {
+                tick.tick().await;
+                if let Err(e) = prune_shared_state(&db).await {
+                    tracing::warn!(error = %e, "pruning used assertion ids and sign-in throttles failed");
+                }
+            }
+        });
+    }
     crate::audit::checkpoint::spawn_publisher(
         state.db.clone(),
         args.audit_checkpoint_key.as_deref(),
@@ -459,6 +470,18 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .await?;
     tracing::info!("toolgate stopped");
     Ok(())
+}
+
+/// How often used assertion ids and idle sign-in throttles are deleted.
+const SHARED_STATE_PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// Deletes the used client-assertion ids that can no longer be presented and the sign-in
+/// throttle keys back at their full burst; returns how many of each.
+pub async fn prune_shared_state(db: &PgPool) -> sqlx::Result<(u64, u64)> {
+    Ok((
+        db::assertions::prune(db).await?,
+        db::signin::prune(db).await?,
+    ))
 }
 
 async fn shutdown_signal() {

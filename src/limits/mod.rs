@@ -126,7 +126,7 @@ impl<K: Eq + Hash + Clone> Failures<K> {
 }
 
 /// The address a failure is charged to: IPv6 by /64, since one host usually holds a whole /64.
-fn source_key(ip: IpAddr) -> IpAddr {
+pub fn source_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => {
             let mut o = v6.octets();

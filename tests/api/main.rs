@@ -15,6 +15,7 @@ mod rest;
 mod sandbox;
 mod scripts;
 mod search;
+mod shared;
 mod tokens;
 mod upstream;
 mod web;
