@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use axum::Router;
 use sqlx::PgPool;
+use std::future::IntoFuture;
+
 use tokio::net::TcpListener;
 
 use crate::config::{RedisFailureMode, ScriptSandbox, ServeArgs};
@@ -169,6 +171,10 @@ pub struct Inner {
     pub audit: crate::audit::writer::AuditLog,
     pub limits: crate::limits::RateLimits,
     pub upstreams: crate::upstream::Upstreams,
+    /// Set at SIGTERM: `/readyz` answers 503 and responses close their connections.
+    draining: std::sync::atomic::AtomicBool,
+    /// HTTP requests being served now (what a drain waits for).
+    in_flight: std::sync::atomic::AtomicUsize,
     /// Serialises pool reloads so two bursts of file events never interleave.
     reload_lock: std::sync::Mutex<()>,
     /// Serialises writes of the catalog table.
@@ -220,9 +226,32 @@ impl AppState {
             db,
             policy: PolicyHandle::default(),
             metrics,
+            draining: std::sync::atomic::AtomicBool::new(false),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
             reload_lock: std::sync::Mutex::new(()),
             catalog_sync: tokio::sync::Mutex::new(()),
         }))
+    }
+
+    /// Starts draining: from now on this instance says it is not ready.
+    pub fn start_drain(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Counts one request as in flight until the guard is dropped.
+    pub fn request_started(&self) -> InFlight {
+        self.in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlight(self.clone())
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Reloads the tool pool from disk and swaps it in; returns the new catalog size.
@@ -305,6 +334,17 @@ impl AppState {
         self.metrics
             .agents_without_tools
             .set(snap.agents_without_tools() as i64);
+    }
+}
+
+/// One request in flight; see [`AppState::request_started`].
+pub struct InFlight(AppState);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0
+            .in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -462,14 +502,22 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     let listener = TcpListener::bind(args.bind).await?;
     tracing::info!(addr = %listener.local_addr()?, issuer = %settings.issuer, "toolgate listening");
-    axum::serve(
+    let drain = Drain::from_args(&args);
+    let stop_accepting = tokio_util::sync::CancellationToken::new();
+    let server = axum::serve(
         listener,
-        router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        router(state.clone()).into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown_signal())
-    .await?;
-    tracing::info!("toolgate stopped");
-    Ok(())
+    .with_graceful_shutdown(stop_accepting.clone().cancelled_owned());
+    let mut server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        r = &mut server => {
+            r?;
+            return Ok(());
+        }
+        () = shutdown_signal() => {}
+    }
+    drain.run(&state, server, stop_accepting).await
 }
 
 /// How often used assertion ids and idle sign-in throttles are deleted.
@@ -482,6 +530,105 @@ pub async fn prune_shared_state(db: &PgPool) -> sqlx::Result<(u64, u64)> {
         db::assertions::prune(db).await?,
         db::signin::prune(db).await?,
     ))
+}
+
+/// The shutdown sequence after SIGTERM (or Ctrl-C):
+///
+/// 1. at once, `/readyz` answers 503 and every response asks its client to close the
+///    connection;
+/// 2. for the grace period, new requests are still served, while load balancers notice;
+/// 3. the listener closes; requests in flight run to their end (their audit rows are durable
+///    before they answer);
+/// 4. the audit log is flushed (events recorded without waiting, such as refused sign-ins);
+/// 5. the process exits. Whatever is still running at the drain deadline is abandoned, with
+///    an error logged; scripts die with the process.
+struct Drain {
+    grace: Duration,
+    timeout: Duration,
+    /// The last part of the deadline, kept for flushing the audit log, so that requests
+    /// finishing late still leave time to write what they recorded.
+    flush_reserve: Duration,
+}
+
+impl Drain {
+    fn from_args(args: &ServeArgs) -> Self {
+        let timeout = Duration::from_secs(args.drain_timeout_secs);
+        let flush_reserve = (timeout / 5).min(Duration::from_secs(5));
+        Self {
+            grace: Duration::from_secs(args.drain_grace_secs).min(timeout - flush_reserve),
+            timeout,
+            flush_reserve,
+        }
+    }
+
+    /// Runs the sequence; an error if anything had to be abandoned.
+    async fn run<F>(
+        self,
+        state: &AppState,
+        mut server: std::pin::Pin<&mut F>,
+        stop_accepting: tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<()>
+    where
+        F: std::future::Future<Output = std::io::Result<()>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        state.start_drain();
+        tracing::info!(
+            grace_secs = self.grace.as_secs(),
+            timeout_secs = self.timeout.as_secs(),
+            in_flight = state.in_flight(),
+            "draining: /readyz answers 503; still serving for the grace period"
+        );
+        let served = tokio::select! {
+            () = tokio::time::sleep(self.grace) => None,
+            r = server.as_mut() => Some(r),
+        };
+        stop_accepting.cancel();
+        let served = match served {
+            Some(r) => Some(r),
+            None => {
+                tracing::info!(
+                    in_flight = state.in_flight(),
+                    "draining: the listener is closed; waiting for requests in flight"
+                );
+                tokio::time::timeout_at(deadline - self.flush_reserve, server.as_mut())
+                    .await
+                    .ok()
+            }
+        };
+        let mut clean = true;
+        match served {
+            Some(Ok(())) => tracing::info!("draining: every request has finished"),
+            Some(Err(e)) => {
+                clean = false;
+                tracing::error!(error = %e, "draining: the server failed");
+            }
+            None => {
+                clean = false;
+                tracing::error!(
+                    in_flight = state.in_flight(),
+                    timeout_secs = self.timeout.as_secs(),
+                    "drain deadline reached: abandoning the requests still in flight"
+                );
+            }
+        }
+        match tokio::time::timeout_at(deadline, state.audit.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                clean = false;
+                tracing::error!(error = %e, "the audit log could not be flushed");
+            }
+            Err(_) => {
+                clean = false;
+                tracing::error!("drain deadline reached: the audit log was not flushed in time");
+            }
+        }
+        if !clean {
+            anyhow::bail!("toolgate stopped with work abandoned (see the errors above)");
+        }
+        tracing::info!("toolgate stopped");
+        Ok(())
+    }
 }
 
 async fn shutdown_signal() {
@@ -500,5 +647,4 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
-    tracing::info!("shutting down");
 }

@@ -158,6 +158,14 @@ pub struct ServeArgs {
     /// Seconds between signed audit checkpoints.
     #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_SECS", default_value_t = 300)]
     pub audit_checkpoint_secs: u64,
+    /// After SIGTERM, the seconds within which the process exits: calls in flight finish and
+    /// the audit log is flushed first; whatever is still running then is abandoned.
+    #[arg(long, env = "TOOLGATE_DRAIN_TIMEOUT_SECS", default_value_t = 30)]
+    pub drain_timeout_secs: u64,
+    /// After SIGTERM, the seconds new requests are still served while `/readyz` answers 503,
+    /// so load balancers stop routing here before the listener closes (at most the timeout).
+    #[arg(long, env = "TOOLGATE_DRAIN_GRACE_SECS", default_value_t = 5)]
+    pub drain_grace_secs: u64,
     /// Token requests allowed per second from one client IP (against secret guessing).
     #[arg(long, env = "TOOLGATE_TOKEN_RATE_PER_IP", default_value_t = 5)]
     pub token_rate_per_ip: u32,

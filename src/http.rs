@@ -83,9 +83,19 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
     };
     let mut req = req;
     req.extensions_mut().insert(origin.clone());
-    let response = origin
+    let http1 = req.version() <= axum::http::Version::HTTP_11;
+    let in_flight = state.request_started();
+    let mut response = origin
         .scope(tracing::Instrument::instrument(next.run(req), span))
         .await;
+    drop(in_flight);
+    // While draining, clients are moved off their keep-alive connections one response at a
+    // time, so none is left idle on a connection the listener's closing would cut.
+    if state.is_draining() && http1 {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     state
         .metrics
         .http_requests
@@ -108,6 +118,14 @@ pub fn ops_router() -> Router<AppState> {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
+    // Draining answers at once, without waiting on the database.
+    if state.is_draining() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "draining"})),
+        )
+            .into_response();
+    }
     let db_ok = sqlx::query("SELECT 1").execute(&state.db).await.is_ok();
     let snapshot = state.policy.load();
     let pool_loaded = !snapshot.catalog.groups().collect::<Vec<_>>().is_empty()

@@ -4,6 +4,7 @@ mod apps;
 mod audit;
 mod cli;
 mod credentials;
+mod drain;
 mod durability;
 mod helpers;
 mod limits;
