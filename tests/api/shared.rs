@@ -217,7 +217,12 @@ async fn sign_in_failures_on_one_instance_count_on_the_other(pool: PgPool) {
         "{}",
         sixth.text
     );
-    assert!(sixth.headers.contains_key(header::RETRY_AFTER));
+    let retry: u64 = sixth.headers[header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=12).contains(&retry), "Retry-After: {retry}");
 
     // Per address: ten tries over many names, then the address waits on either instance.
     for i in 0..10 {
@@ -351,5 +356,28 @@ async fn cleanup_removes_expired_assertion_ids_and_idle_throttles_only(pool: PgP
     assert_eq!(
         present(&a, &client.assertion("live")).await.status,
         StatusCode::UNAUTHORIZED
+    );
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn sign_in_is_refused_when_attempts_cannot_be_counted(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    toolgate::web::users::create_user(&app.state.db, "test", "ada", PASSWORD, "admin")
+        .await
+        .unwrap();
+    sqlx::query("ALTER TABLE admin_signin_throttle RENAME TO admin_signin_throttle_gone")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let r = sign_in(&app, "192.0.2.1", "ada", PASSWORD).await;
+
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text);
+    assert!(
+        r.headers
+            .get_all(header::SET_COOKIE)
+            .iter()
+            .all(|c| !c.to_str().unwrap().starts_with("toolgate_session=")),
+        "a session was opened"
     );
 }
