@@ -50,6 +50,47 @@ impl Default for SearchOptions {
     }
 }
 
+impl SearchOptions {
+    /// One line for the benchmark's header.
+    pub fn summary(&self) -> String {
+        format!(
+            "BM25 k1={} b={}, field weights name {} / description {} / parameters {}",
+            self.k1, self.b, self.name_weight, self.description_weight, self.parameter_weight
+        )
+    }
+
+    /// The variants the benchmark's `--ablation` compares, by label.
+    pub fn variants() -> Vec<(&'static str, SearchOptions)> {
+        let o = SearchOptions::default();
+        vec![
+            ("3 / 1 / 0.5 (default)", o),
+            (
+                "1 / 1 / 1 (one bag of words)",
+                SearchOptions {
+                    name_weight: 1.0,
+                    parameter_weight: 1.0,
+                    ..o
+                },
+            ),
+            (
+                "3 / 1 / 0 (no parameters)",
+                SearchOptions {
+                    parameter_weight: 0.0,
+                    ..o
+                },
+            ),
+            (
+                "0 / 1 / 0 (description only)",
+                SearchOptions {
+                    name_weight: 0.0,
+                    parameter_weight: 0.0,
+                    ..o
+                },
+            ),
+        ]
+    }
+}
+
 /// How deep into nested parameter objects names and descriptions are indexed.
 const MAX_SCHEMA_DEPTH: usize = 3;
 

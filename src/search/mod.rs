@@ -208,6 +208,11 @@ pub fn results_body(hits: &[Hit]) -> Value {
     json!({"tools": defs})
 }
 
+/// The text block of a `search_tools` result: what the model reads.
+pub fn results_text(hits: &[Hit]) -> String {
+    results_body(hits).to_string()
+}
+
 /// What an agent's tool definitions cost, and how it is therefore served.
 #[derive(Debug, Clone, Serialize)]
 pub struct AgentTokens {
