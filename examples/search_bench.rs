@@ -1,65 +1,82 @@
-//! Tool search benchmark: what deferred loading saves in tokens, and how well search finds the
-//! right tool, on a reference catalog of MCP tool definitions and labelled task queries.
+//! Tool search benchmark: how well `search_tools` finds the right tool, what deferred loading
+//! costs in context, and how fast one search is.
 //!
 //! ```text
-//! cargo run --release --example search_bench
-//! cargo run --release --example search_bench -- --catalog bench/catalogs/reference --limit 5 --misses --ablation
+//! cargo run --release --example search_bench                # every set, test misses listed
+//! cargo run --release --example search_bench -- --dev       # tuning: reference and public dev only
+//! cargo run --release --example search_bench -- --ablation  # also the variants that were tried
+//! cargo run --release --example search_bench -- --catalog DIR   # one folder: tools.json + queries.json
 //! ```
 //!
-//! Tokens are counted with the gateway's own tokenizer (`toolgate::cost`, o200k_base):
-//! - full: the `tools/list` result of an agent that sees the whole catalog;
-//! - search: the search-mode `tools/list` (search_tools + call_tool) plus the text of one
-//!   `search_tools` result at `--limit`, averaged over the queries.
+//! Sets: `bench/catalogs/reference` (its own 70 queries) and `bench/catalogs/public` (published
+//! MCP tool definitions; `dev.json` for tuning, `test.json` held out). Every query ranks the
+//! whole catalog. A query is a hit at k if any of its relevant tools is in the first k (recall@k);
+//! MRR uses the rank of the first relevant tool; nDCG@5 has binary gains over all relevant tools.
+//! Beside each figure: a plain BM25 over name + description (lowercased words, no stemming, no
+//! stop words, no field weights), the baseline any ranking must beat.
 //!
-//! Quality over the labelled queries, ranking the whole catalog: a query is a hit at k if any
-//! of its relevant tools is in the first k; MRR uses the rank of the first relevant tool.
-//! The ranking parameters are the defaults; `--ablation` reruns quality with other field
-//! weights, for information only.
+//! Tokens are counted with the gateway's tokenizer (`toolgate::cost`, o200k_base), on what the
+//! model gets: the full `tools/list`, against the search-mode `tools/list` plus the text block
+//! of one `search_tools` result at `--limit` (the structured content carries the same JSON; a
+//! client passes the model one of them, so it is counted once).
 
-use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Deserialize;
+use serde_json::Value;
 
 use toolgate::cost;
 use toolgate::pool::{Catalog, Tool};
 use toolgate::search::{self, SearchIndex, SearchOptions};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 struct Query {
     query: String,
     relevant: Vec<String>,
+    #[serde(default = "english")]
+    lang: String,
+}
+
+fn english() -> String {
+    "en".into()
 }
 
 struct Args {
-    catalog: PathBuf,
+    catalog: Option<PathBuf>,
     limit: usize,
+    dev_only: bool,
     misses: bool,
     ablation: bool,
 }
 
 fn args() -> anyhow::Result<Args> {
     let mut a = Args {
-        catalog: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/catalogs/reference"),
+        catalog: None,
         limit: search::DEFAULT_LIMIT,
+        dev_only: false,
         misses: false,
         ablation: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--catalog" => a.catalog = it.next().context("--catalog needs a folder")?.into(),
+            "--catalog" => a.catalog = Some(it.next().context("--catalog needs a folder")?.into()),
             "--limit" => a.limit = it.next().context("--limit needs a number")?.parse()?,
+            "--dev" => a.dev_only = true,
             "--misses" => a.misses = true,
             "--ablation" => a.ablation = true,
             "-h" | "--help" => {
                 println!(
-                    "search_bench [--catalog DIR] [--limit N] [--misses] [--ablation]\n\
-                     DIR holds tools.json (MCP tool definitions) and queries.json \
-                     ([{{query, relevant: [tool names]}}])"
+                    "search_bench [--dev] [--misses] [--ablation] [--limit N] [--catalog DIR]\n\
+                     --dev       leave the public test split out (for tuning)\n\
+                     --misses    also list the misses of the reference and dev sets\n\
+                     --ablation  quality of the ranking variants that were tried\n\
+                     --catalog   one folder of tools.json (MCP tool definitions) and \
+                     queries.json ([{{query, relevant: [tool names], lang?}}])"
                 );
                 std::process::exit(0);
             }
@@ -69,231 +86,457 @@ fn args() -> anyhow::Result<Args> {
     Ok(a)
 }
 
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// One catalog and the query sets labelled on it.
+struct Bench {
+    name: String,
+    catalog: Catalog,
+    defs: Value,
+    all: Vec<Arc<Tool>>,
+    sets: Vec<(String, Vec<Query>)>,
+}
+
+fn load(dir: &Path, name: &str, sets: &[(&str, &str)]) -> anyhow::Result<Bench> {
+    let defs: Value = read_json(&dir.join("tools.json"))?;
+    let catalog = search::catalog_from_definitions(&defs).map_err(|e| anyhow::anyhow!(e))?;
+    let mut loaded = Vec::new();
+    for (set, file) in sets {
+        let queries: Vec<Query> = read_json(&dir.join(file))?;
+        anyhow::ensure!(!queries.is_empty(), "{file}: no queries");
+        for q in &queries {
+            for r in &q.relevant {
+                anyhow::ensure!(
+                    catalog.get(r).is_some(),
+                    "query `{}` names unknown tool {r}",
+                    q.query
+                );
+            }
+        }
+        loaded.push((set.to_string(), queries));
+    }
+    let all = catalog.tools().cloned().collect();
+    Ok(Bench {
+        name: name.into(),
+        catalog,
+        defs,
+        all,
+        sets: loaded,
+    })
+}
+
+/// A ranking under test: the names of the visible tools, best first.
+trait Ranker {
+    fn rank(&self, visible: &[Arc<Tool>], query: &str, limit: usize) -> Vec<String>;
+}
+
+impl Ranker for SearchIndex {
+    fn rank(&self, visible: &[Arc<Tool>], query: &str, limit: usize) -> Vec<String> {
+        self.search(visible, query, limit)
+            .into_iter()
+            .map(|h| h.tool.name.to_string())
+            .collect()
+    }
+}
+
+/// The baseline: Okapi BM25 (k1 1.2, b 0.75) over the tool name and description as one bag
+/// of lowercased words, split on anything not a letter or digit. No stemming, no stop words.
+struct PlainBm25 {
+    docs: Vec<(String, HashMap<String, f64>, f64)>,
+    by_name: HashMap<String, usize>,
+}
+
+fn plain_words(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+}
+
+impl PlainBm25 {
+    fn build(tools: &[Arc<Tool>]) -> Self {
+        let mut docs = Vec::new();
+        let mut by_name = HashMap::new();
+        for t in tools {
+            let mut tf: HashMap<String, f64> = HashMap::new();
+            let text = format!(
+                "{} {}",
+                t.name.as_str(),
+                t.description.as_deref().unwrap_or("")
+            );
+            let mut len = 0.0;
+            for w in plain_words(&text) {
+                *tf.entry(w).or_default() += 1.0;
+                len += 1.0;
+            }
+            by_name.insert(t.name.to_string(), docs.len());
+            docs.push((t.name.to_string(), tf, len));
+        }
+        Self { docs, by_name }
+    }
+}
+
+impl Ranker for PlainBm25 {
+    fn rank(&self, visible: &[Arc<Tool>], query: &str, limit: usize) -> Vec<String> {
+        let (k1, b) = (1.2, 0.75);
+        let docs: Vec<&(String, HashMap<String, f64>, f64)> = visible
+            .iter()
+            .filter_map(|t| self.by_name.get(t.name.as_str()).map(|&i| &self.docs[i]))
+            .collect();
+        let n = docs.len() as f64;
+        let avg = docs.iter().map(|d| d.2).sum::<f64>() / n.max(1.0);
+        let terms: BTreeSet<String> = plain_words(query).collect();
+        let mut scores = vec![0.0; docs.len()];
+        for term in &terms {
+            let df = docs.iter().filter(|d| d.1.contains_key(term)).count() as f64;
+            if df == 0.0 {
+                continue;
+            }
+            let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
+            for (i, d) in docs.iter().enumerate() {
+                if let Some(tf) = d.1.get(term) {
+                    scores[i] += idf * tf * (k1 + 1.0) / (tf + k1 * (1.0 - b + b * d.2 / avg));
+                }
+            }
+        }
+        let mut ranked: Vec<(f64, &str)> = docs
+            .iter()
+            .zip(scores)
+            .filter(|(_, s)| *s > 0.0)
+            .map(|(d, s)| (s, d.0.as_str()))
+            .collect();
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        ranked
+            .into_iter()
+            .take(limit)
+            .map(|(_, n)| n.to_owned())
+            .collect()
+    }
+}
+
 /// A query whose first result is not relevant.
 struct Miss {
     query: String,
+    lang: String,
     relevant: Vec<String>,
     top: Vec<String>,
-    /// Rank of the first relevant tool, if it matched at all.
+    /// Rank of the first relevant tool, if it was returned at all.
     rank: Option<usize>,
 }
 
-/// Recall at 1, at 5 and at the limit, and MRR, of `index` over `queries`.
-struct Quality {
+#[derive(Default, Clone, Copy)]
+struct Scores {
+    n: usize,
     at1: f64,
     at5: f64,
-    at_limit: f64,
     mrr: f64,
+    ndcg5: f64,
+}
+
+impl Scores {
+    fn add(&mut self, ranking: &[String], relevant: &BTreeSet<&str>) {
+        let rank = ranking
+            .iter()
+            .position(|t| relevant.contains(t.as_str()))
+            .map(|p| p + 1);
+        self.n += 1;
+        if let Some(r) = rank {
+            self.at1 += f64::from(u8::from(r <= 1));
+            self.at5 += f64::from(u8::from(r <= 5));
+            self.mrr += 1.0 / r as f64;
+        }
+        let dcg: f64 = ranking
+            .iter()
+            .take(5)
+            .enumerate()
+            .filter(|(_, t)| relevant.contains(t.as_str()))
+            .map(|(i, _)| 1.0 / (i as f64 + 2.0).log2())
+            .sum();
+        let ideal: f64 = (0..relevant.len().min(5))
+            .map(|i| 1.0 / (i as f64 + 2.0).log2())
+            .sum();
+        self.ndcg5 += dcg / ideal;
+    }
+
+    fn mean(self) -> [f64; 4] {
+        let n = self.n.max(1) as f64;
+        [self.at1 / n, self.at5 / n, self.mrr / n, self.ndcg5 / n]
+    }
+}
+
+/// Scores over a query set, overall and per language, and its misses.
+struct Quality {
+    all: Scores,
+    by_lang: Vec<(String, Scores)>,
     misses: Vec<Miss>,
 }
 
-fn quality(index: &SearchIndex, all: &[Arc<Tool>], queries: &[Query], limit: usize) -> Quality {
-    let (mut at1, mut at5, mut at_limit, mut rr) = (0usize, 0usize, 0usize, 0.0);
+fn quality(ranker: &dyn Ranker, visible: &[Arc<Tool>], queries: &[Query]) -> Quality {
+    let mut all = Scores::default();
+    let mut by_lang: Vec<(String, Scores)> = Vec::new();
     let mut misses = Vec::new();
     for q in queries {
         let relevant: BTreeSet<&str> = q.relevant.iter().map(String::as_str).collect();
-        let ranking = index.search(all, &q.query, usize::MAX);
+        let ranking = ranker.rank(visible, &q.query, 50);
+        all.add(&ranking, &relevant);
+        match by_lang.iter_mut().find(|(l, _)| *l == q.lang) {
+            Some((_, s)) => s.add(&ranking, &relevant),
+            None => {
+                let mut s = Scores::default();
+                s.add(&ranking, &relevant);
+                by_lang.push((q.lang.clone(), s));
+            }
+        }
         let rank = ranking
             .iter()
-            .position(|h| relevant.contains(h.tool.name.as_str()))
+            .position(|t| relevant.contains(t.as_str()))
             .map(|p| p + 1);
-        if let Some(r) = rank {
-            at1 += usize::from(r <= 1);
-            at5 += usize::from(r <= 5);
-            at_limit += usize::from(r <= limit);
-            rr += 1.0 / r as f64;
-        }
         if rank != Some(1) {
             misses.push(Miss {
                 query: q.query.clone(),
+                lang: q.lang.clone(),
                 relevant: q.relevant.clone(),
-                top: ranking
-                    .iter()
-                    .take(3)
-                    .map(|h| h.tool.name.to_string())
-                    .collect(),
+                top: ranking.iter().take(3).cloned().collect(),
                 rank,
             });
         }
     }
-    let n = queries.len() as f64;
+    let order = |l: &str| ["en", "fr", "de", "es"].iter().position(|x| *x == l);
+    by_lang.sort_by_key(|(l, _)| (order(l).unwrap_or(9), l.clone()));
     Quality {
-        at1: at1 as f64 / n,
-        at5: at5 as f64 / n,
-        at_limit: at_limit as f64 / n,
-        mrr: rr / n,
+        all,
+        by_lang,
         misses,
     }
 }
 
-fn main() -> anyhow::Result<()> {
-    let a = args()?;
-    let read = |f: &str| -> anyhow::Result<String> {
-        let p = a.catalog.join(f);
-        std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
-    };
-    let defs: serde_json::Value = serde_json::from_str(&read("tools.json")?)?;
-    let catalog: Catalog =
-        search::catalog_from_definitions(&defs).map_err(|e| anyhow::anyhow!(e))?;
-    let queries: Vec<Query> = serde_json::from_str(&read("queries.json")?)?;
-    for q in &queries {
-        for r in &q.relevant {
-            anyhow::ensure!(
-                catalog.get(r).is_some(),
-                "query `{}` names unknown tool {r}",
-                q.query
-            );
-        }
-    }
-    anyhow::ensure!(!queries.is_empty(), "no queries");
-    let all: Vec<Arc<Tool>> = catalog.tools().cloned().collect();
+fn row(label: &str, ours: Scores, base: Scores) {
+    let [a1, a5, m, n] = ours.mean();
+    let [b1, b5, bm, bn] = base.mean();
+    println!(
+        "  {label:<22} {:>4}   {a1:>6.3} {a5:>6.3} {m:>6.3} {n:>6.3}   | {b1:>6.3} {b5:>6.3} {bm:>6.3} {bn:>6.3}",
+        ours.n
+    );
+}
 
+fn print_misses(title: &str, misses: &[Miss]) {
+    println!();
+    println!("{title} ({}):", misses.len());
+    for m in misses {
+        let rank = m
+            .rank
+            .map_or("not in the first 50".to_owned(), |r| format!("rank {r}"));
+        println!(
+            "  - [{}] {:?}\n      relevant {:?} at {rank}; top 3 {:?}",
+            m.lang, m.query, m.relevant, m.top
+        );
+    }
+}
+
+/// The token cost of search mode on one catalog at `limit`, from the text block of each
+/// result over `queries`.
+struct Tokens {
+    full: usize,
+    fixed: usize,
+    mean_result: f64,
+    max_result: usize,
+    returned: f64,
+}
+
+fn tokens(index: &SearchIndex, all: &[Arc<Tool>], queries: &[&Query], limit: usize) -> Tokens {
+    let full = cost::tools_list_tokens(all);
+    let fixed = cost::definitions_tokens(search::meta_tools());
+    let mut results = Vec::new();
+    let mut returned = 0usize;
+    for q in queries {
+        let hits = index.search(all, &q.query, limit);
+        returned += hits.len();
+        results.push(cost::tokens(&search::results_text(&hits)));
+    }
+    Tokens {
+        full,
+        fixed,
+        mean_result: results.iter().sum::<usize>() as f64 / results.len() as f64,
+        max_result: results.iter().copied().max().unwrap_or(0),
+        returned: returned as f64 / queries.len() as f64,
+    }
+}
+
+/// `n` tools made of copies of `defs` under renamed groups (`github` -> `github7`), so that
+/// the vocabulary is realistic and every name distinct.
+fn scaled_catalog(defs: &Value, n: usize) -> anyhow::Result<Catalog> {
+    let base = defs.as_array().context("tools.json is not an array")?;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut d = base[i % base.len()].clone();
+        let copy = i / base.len();
+        let name = d["name"]
+            .as_str()
+            .context("a tool without a name")?
+            .to_owned();
+        let (group, op) = name.split_once("__").context("name without __")?;
+        d["name"] = Value::String(format!("{group}{copy}__{op}"));
+        out.push(d);
+    }
+    search::catalog_from_definitions(&Value::Array(out)).map_err(|e| anyhow::anyhow!(e))
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Build time, and p50 / p90 of one search over all `n` tools, for ours and the baseline.
+fn speed(defs: &Value, queries: &[&Query], n: usize) -> anyhow::Result<()> {
+    let catalog = scaled_catalog(defs, n)?;
+    let all: Vec<Arc<Tool>> = catalog.tools().cloned().collect();
     let started = Instant::now();
     let index = SearchIndex::build(&catalog, None);
     let build = started.elapsed();
+    let plain = PlainBm25::build(&all);
+    let rounds = (20_000 / n).clamp(3, 50);
+    let time = |ranker: &dyn Ranker| {
+        let mut times = Vec::with_capacity(rounds * queries.len());
+        for _ in 0..rounds {
+            for q in queries {
+                let started = Instant::now();
+                std::hint::black_box(ranker.rank(&all, &q.query, search::DEFAULT_LIMIT));
+                times.push(started.elapsed());
+            }
+        }
+        times.sort_unstable();
+        times
+    };
+    let ours = time(&index);
+    let base = time(&plain);
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    println!(
+        "  {n:>6} tools   build {:>8.2} ms   search p50 {:>8.1} µs  p90 {:>8.1} µs   | plain BM25 p50 {:>8.1} µs  (ratio {:.2})",
+        build.as_secs_f64() * 1e3,
+        us(percentile(&ours, 0.5)),
+        us(percentile(&ours, 0.9)),
+        us(percentile(&base, 0.5)),
+        us(percentile(&ours, 0.5)) / us(percentile(&base, 0.5)),
+    );
+    Ok(())
+}
 
-    // Tokens.
-    let full = cost::tools_list_tokens(&all);
-    let fixed = cost::definitions_tokens(search::meta_tools());
-    let mut result_tokens = Vec::with_capacity(queries.len());
-    let mut returned = 0usize;
-    for q in &queries {
-        let hits = index.search(&all, &q.query, a.limit);
-        returned += hits.len();
-        result_tokens.push(cost::tokens(&search::results_body(&hits).to_string()));
-    }
-    result_tokens.sort_unstable();
-    let mean_result = result_tokens.iter().sum::<usize>() as f64 / queries.len() as f64;
-    let median_result = result_tokens[result_tokens.len() / 2];
-    let search_total = fixed as f64 + mean_result;
-    let reduction = 100.0 * (1.0 - search_total / full as f64);
+/// The ranking variants that were tried, by label, for `--ablation`.
+fn variants() -> Vec<(&'static str, SearchOptions)> {
+    SearchOptions::variants()
+}
 
-    // Latency of one search over the whole catalog (statistics computed per request).
-    let rounds = 200;
-    let started = Instant::now();
-    for _ in 0..rounds {
-        for q in &queries {
-            std::hint::black_box(index.search(&all, &q.query, a.limit));
+fn main() -> anyhow::Result<()> {
+    let a = args()?;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/catalogs");
+    let benches = match &a.catalog {
+        Some(dir) => vec![load(
+            dir,
+            &dir.display().to_string(),
+            &[("queries", "queries.json")],
+        )?],
+        None => {
+            let mut public = vec![("dev", "dev.json")];
+            if !a.dev_only {
+                public.push(("test", "test.json"));
+            }
+            vec![
+                load(
+                    &root.join("reference"),
+                    "reference",
+                    &[("queries", "queries.json")],
+                )?,
+                load(&root.join("public"), "public", &public)?,
+            ]
+        }
+    };
+
+    println!("toolgate tool search benchmark (limit {})", a.limit);
+    println!("ranking      {}", SearchOptions::default().summary());
+    println!();
+    println!(
+        "quality                       n   recall@1 recall@5  MRR  nDCG@5   | plain BM25 (name + description, no stemming)"
+    );
+    let mut test_misses = Vec::new();
+    let mut other_misses = Vec::new();
+    for b in &benches {
+        let index = SearchIndex::build(&b.catalog, None);
+        let plain = PlainBm25::build(&b.all);
+        println!("{} ({} tools)", b.name, b.all.len());
+        for (set, queries) in &b.sets {
+            let ours = quality(&index, &b.all, queries);
+            let base = quality(&plain, &b.all, queries);
+            row(set, ours.all, base.all);
+            if ours.by_lang.len() > 1 {
+                for ((lang, s), (_, bs)) in ours.by_lang.iter().zip(&base.by_lang) {
+                    row(&format!("  {lang}"), *s, *bs);
+                }
+            }
+            if set == "test" {
+                test_misses = ours.misses;
+            } else {
+                other_misses.push((format!("{} {set}", b.name), ours.misses));
+            }
         }
     }
-    let per_search = started.elapsed() / (rounds * queries.len()) as u32;
 
-    let q = quality(&index, &all, &queries, a.limit);
-    let o = SearchOptions::default();
-
-    println!("toolgate tool search benchmark");
-    let shown = a
-        .catalog
-        .strip_prefix(env!("CARGO_MANIFEST_DIR"))
-        .unwrap_or(&a.catalog);
-    println!("catalog      {}", shown.display());
-    println!(
-        "             {} tools, {} labelled queries; tokenizer o200k_base; limit {}",
-        all.len(),
-        queries.len(),
-        a.limit
-    );
-    println!(
-        "ranking      BM25 k1={} b={}, field weights name {} / description {} / parameters {}",
-        o.k1, o.b, o.name_weight, o.description_weight, o.parameter_weight
-    );
     println!();
-    println!("tokens");
-    println!("  full tools/list                          {full:>7}");
-    println!("  search mode: search_tools + call_tool    {fixed:>7}");
-    println!(
-        "  search mode: one search_tools result     {mean_result:>9.1}  (mean; median {median_result}, min {}, max {}; {:.2} tools returned on average)",
-        result_tokens[0],
-        result_tokens[result_tokens.len() - 1],
-        returned as f64 / queries.len() as f64
-    );
-    println!("  search mode: total                       {search_total:>9.1}");
-    println!("  reduction                                {reduction:>8.1} %");
-    println!();
-    println!("quality over {} queries", queries.len());
-    println!("  recall@1   {:.3}", q.at1);
-    println!("  recall@5   {:.3}", q.at5);
-    if a.limit != 5 && a.limit != 1 {
-        println!("  recall@{}   {:.3}", a.limit, q.at_limit);
-    }
-    println!("  MRR        {:.3}", q.mrr);
-    println!();
-    println!(
-        "speed        index build {:.2} ms; one search {:.1} µs (mean over {} runs)",
-        ms(build),
-        per_search.as_secs_f64() * 1e6,
-        rounds * queries.len()
-    );
-
-    if a.misses {
-        println!();
+    println!("tokens (o200k_base): full tools/list against search mode (search_tools + call_tool");
+    println!("and one search_tools result, its text block, mean over the queries)");
+    for b in &benches {
+        let index = SearchIndex::build(&b.catalog, None);
+        let queries: Vec<&Query> = b.sets.iter().flat_map(|(_, q)| q).collect();
+        let t = tokens(&index, &b.all, &queries, a.limit);
+        let search = t.fixed as f64 + t.mean_result;
         println!(
-            "queries whose first result is not relevant ({}):",
-            q.misses.len()
+            "  {:<10} full {:>7}   search {:>4} + {:>7.1} = {:>7.1}  ({:.1} % of full; largest result {}, {:.2} tools per result)",
+            b.name,
+            t.full,
+            t.fixed,
+            t.mean_result,
+            search,
+            100.0 * search / t.full as f64,
+            t.max_result,
+            t.returned
         );
-        for Miss {
-            query,
-            relevant,
-            top,
-            rank,
-        } in &q.misses
-        {
-            let rank = rank.map_or("not found".to_owned(), |r| format!("rank {r}"));
-            println!("  - {query:?}\n      relevant {relevant:?} at {rank}; top 3 {top:?}");
+    }
+
+    println!();
+    println!(
+        "speed: one search over n visible tools (copies of the last catalog under new group names)"
+    );
+    if let Some(b) = benches.last() {
+        let queries: Vec<&Query> = b.sets.iter().flat_map(|(_, q)| q).collect();
+        for n in [b.all.len(), 1_000, 10_000] {
+            speed(&b.defs, &queries, n)?;
         }
     }
 
     if a.ablation {
         println!();
-        println!("ablation (for information; the defaults were fixed before the first run)");
-        println!("  field weights name/description/parameters     recall@1  recall@5    MRR");
-        let variants = [
-            ("3 / 1 / 0.5 (default)", o),
-            (
-                "1 / 1 / 1 (one bag of words)",
-                SearchOptions {
-                    name_weight: 1.0,
-                    parameter_weight: 1.0,
-                    ..o
-                },
-            ),
-            (
-                "3 / 1 / 0 (no parameters)",
-                SearchOptions {
-                    parameter_weight: 0.0,
-                    ..o
-                },
-            ),
-            (
-                "1 / 0 / 0 (name only)",
-                SearchOptions {
-                    name_weight: 1.0,
-                    description_weight: 0.0,
-                    parameter_weight: 0.0,
-                    ..o
-                },
-            ),
-            (
-                "0 / 1 / 0 (description only)",
-                SearchOptions {
-                    name_weight: 0.0,
-                    parameter_weight: 0.0,
-                    ..o
-                },
-            ),
-        ];
-        for (label, options) in variants {
-            let index = SearchIndex::build_with(&catalog, None, options);
-            let q = quality(&index, &all, &queries, a.limit);
-            println!(
-                "  {label:<44} {:>8.3}  {:>8.3}  {:>5.3}",
-                q.at1, q.at5, q.mrr
-            );
+        println!("ablation: recall@1 / recall@5 / MRR per set, for each variant that was tried");
+        for (label, options) in variants() {
+            let mut line = format!("  {label:<44}");
+            for b in &benches {
+                let index = SearchIndex::build_with(&b.catalog, None, options);
+                for (set, queries) in &b.sets {
+                    let [a1, a5, m, _] = quality(&index, &b.all, queries).all.mean();
+                    line += &format!("  {}/{set} {a1:.3} {a5:.3} {m:.3}", &b.name[..3]);
+                }
+            }
+            println!("{line}");
         }
     }
-    Ok(())
-}
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
+    if a.misses {
+        for (title, misses) in &other_misses {
+            print_misses(&format!("{title}: first result not relevant"), misses);
+        }
+    }
+    if !a.dev_only && a.catalog.is_none() {
+        print_misses("public test: first result not relevant", &test_misses);
+    }
+    Ok(())
 }

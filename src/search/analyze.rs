@@ -1,13 +1,31 @@
-//! Text to search terms: the same analyzer for tool definitions and for queries.
+//! Text to search terms: tool definitions are analyzed as English; queries may be in English,
+//! French, German or Spanish and are analyzed in their language, then mapped onto English terms.
 //!
-//! Split on anything that is not a letter or digit (so `_`, `__`, `-`, `.`, spaces and
-//! punctuation all separate words) and at camelCase boundaries (`perPage`, `HTTPServer`),
-//! lowercase, drop English stop words and one-letter fragments, and stem (Snowball English), so
-//! that "merged pull requests" meets `merge_pull_request`.
+//! **Documents.** Split on anything that is not a letter or digit (so `_`, `__`, `-`, `.`,
+//! spaces and punctuation all separate words) and at camelCase boundaries (`perPage`,
+//! `HTTPServer`), lowercase, fold accents, drop English stop words and one-letter fragments, and
+//! stem (Snowball English), so that "merged pull requests" meets `merge_pull_request`.
+//!
+//! **Queries.** The same words, plus:
+//! - people type "¿qué ramas locales tengo?", and the tool says "List Git branches": function
+//!   words of English, French, German and Spanish are dropped, and so are the words about the
+//!   conversation rather than the task ("can you show me what I have");
+//! - every other word keeps its English stem (weight 1: cognates, product names and identifiers
+//!   such as "commit", "Slack", "PR" work in any language);
+//! - every word that the [lexicon](lexicon.txt) knows, in any of the four languages (matched
+//!   after that language's Snowball stemmer), also searches the lexicon's English targets, at a
+//!   lower weight ("dossier" → directory, folder; "ticket" → issue);
+//! - a German compound the lexicon does not know is split where both parts are known
+//!   ("Ordnerstruktur" → Ordner + Struktur).
+//!
+//! Each term carries the highest weight any word gave it. Nothing here depends on the catalog,
+//! so a query's terms are the same for every caller.
 
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use rust_stemmers::{Algorithm, Stemmer};
+use unicode_normalization::UnicodeNormalization;
 
 /// Lucene's English stop set (`EnglishAnalyzer.ENGLISH_STOP_WORDS_SET`): short and standard,
 /// so that words such as "show", "find" or "who" stay searchable.
@@ -17,7 +35,200 @@ const STOP_WORDS: [&str; 33] = [
     "they", "this", "to", "was", "will", "with",
 ];
 
-static STEMMER: LazyLock<Stemmer> = LazyLock::new(|| Stemmer::create(Algorithm::English));
+/// Words of a request that are about the conversation, not the task ("can you show me what
+/// I have"). Queries only: `get_me` keeps its name.
+const CONVERSATION_STOP: &[&str] = &[
+    "i", "me", "my", "mine", "we", "our", "us", "you", "your", "what", "which", "please", "can",
+    "could", "would", "do", "does", "did", "have", "has", "had", "just", "so", "any", "some",
+    "there", "here", "want", "need", "let", "lets", "s", "m", "re", "ve", "ll", "d",
+];
+
+/// Function words (accents folded): articles, pronouns, prepositions, auxiliaries. They tell
+/// the language and carry no task.
+const FRENCH_STOP: &[&str] = &[
+    "le", "la", "les", "un", "une", "des", "du", "de", "et", "ou", "en", "au", "aux", "ce", "cet",
+    "cette", "ces", "mon", "ma", "mes", "ton", "ta", "tes", "son", "sa", "ses", "notre", "nos",
+    "votre", "vos", "leur", "leurs", "je", "tu", "il", "elle", "on", "nous", "vous", "ils",
+    "elles", "me", "moi", "te", "toi", "se", "que", "qui", "quoi", "dont", "est", "sont", "suis",
+    "etre", "avons", "ont", "pour", "par", "sur", "dans", "avec", "sans", "sous", "chez", "pas",
+    "ne", "plus", "quel", "quelle", "quels", "quelles", "qu", "ca", "cela", "ici", "si", "deja",
+    "encore", "tres", "aussi", "mais", "comme",
+];
+const GERMAN_STOP: &[&str] = &[
+    "der",
+    "die",
+    "das",
+    "den",
+    "dem",
+    "des",
+    "ein",
+    "eine",
+    "einen",
+    "einem",
+    "einer",
+    "eines",
+    "und",
+    "oder",
+    "im",
+    "ist",
+    "sind",
+    "bin",
+    "bist",
+    "war",
+    "wer",
+    "was",
+    "wie",
+    "wo",
+    "mit",
+    "auf",
+    "aus",
+    "zu",
+    "zum",
+    "zur",
+    "von",
+    "vom",
+    "fuer",
+    "bei",
+    "nach",
+    "ich",
+    "du",
+    "er",
+    "sie",
+    "es",
+    "wir",
+    "ihr",
+    "mir",
+    "mich",
+    "dir",
+    "dich",
+    "uns",
+    "euch",
+    "mein",
+    "meine",
+    "meinen",
+    "meiner",
+    "meines",
+    "meinem",
+    "dein",
+    "deine",
+    "sein",
+    "seine",
+    "ihre",
+    "unser",
+    "unsere",
+    "unserer",
+    "unseren",
+    "nicht",
+    "kein",
+    "keine",
+    "auch",
+    "noch",
+    "schon",
+    "ob",
+    "dass",
+    "da",
+    "dann",
+    "hat",
+    "habe",
+    "haben",
+    "wird",
+    "werden",
+    "kann",
+    "soll",
+    "bitte",
+    "mal",
+    "gibt",
+    "dazu",
+    "damit",
+    "diese",
+    "dieser",
+    "dieses",
+    "welche",
+    "welcher",
+    "welches",
+    "ueberhaupt",
+    "gerade",
+    "darfst",
+    "wurde",
+    "bisher",
+    "alles",
+];
+const SPANISH_STOP: &[&str] = &[
+    "el", "la", "los", "las", "lo", "un", "una", "unos", "unas", "y", "o", "de", "del", "al", "en",
+    "con", "por", "para", "que", "es", "son", "soy", "esta", "estan", "este", "estos", "estas",
+    "ese", "esa", "mi", "mis", "tu", "tus", "su", "sus", "nuestro", "nuestra", "nuestros",
+    "nuestras", "me", "te", "se", "le", "les", "nos", "yo", "hay", "como", "cual", "cuales",
+    "donde", "cuando", "todavia", "ya", "muy", "mas", "pero", "si", "sin", "sobre", "tengo",
+    "tiene", "he", "ha", "han", "lo", "algun", "alguna", "quien", "quienes",
+];
+
+/// A query language other than English.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lang {
+    En,
+    Fr,
+    De,
+    Es,
+}
+
+impl Lang {
+    const ALL: [Lang; 4] = [Lang::En, Lang::Fr, Lang::De, Lang::Es];
+
+    fn stemmer(self) -> &'static Stemmer {
+        static STEMMERS: LazyLock<[Stemmer; 4]> = LazyLock::new(|| {
+            [
+                Stemmer::create(Algorithm::English),
+                Stemmer::create(Algorithm::French),
+                Stemmer::create(Algorithm::German),
+                Stemmer::create(Algorithm::Spanish),
+            ]
+        });
+        &STEMMERS[self as usize]
+    }
+
+    fn stop_words(self) -> &'static [&'static str] {
+        match self {
+            Lang::En => &STOP_WORDS,
+            Lang::Fr => FRENCH_STOP,
+            Lang::De => GERMAN_STOP,
+            Lang::Es => SPANISH_STOP,
+        }
+    }
+
+    fn is_stop(self, word: &str) -> bool {
+        self.stop_words().contains(&word)
+    }
+
+    /// The stem the lexicon is keyed by: that language's Snowball stem of the folded word.
+    fn key(self, folded: &str) -> String {
+        self.stemmer().stem(folded).into_owned()
+    }
+}
+
+/// Lowercase, with German umlauts spelled out (ä → ae, as German does without them), other
+/// accents removed (é → e, ñ → n) and ß → ss; so "löschen" meets "loeschen" and "répertoire"
+/// meets "repertoire".
+pub fn fold(word: &str) -> String {
+    let mut spelled = String::with_capacity(word.len());
+    for c in word.chars().flat_map(char::to_lowercase) {
+        match c {
+            'ä' => spelled.push_str("ae"),
+            'ö' => spelled.push_str("oe"),
+            'ü' => spelled.push_str("ue"),
+            'ß' => spelled.push_str("ss"),
+            'æ' => spelled.push_str("ae"),
+            'œ' => spelled.push_str("oe"),
+            c => spelled.push(c),
+        }
+    }
+    if spelled.is_ascii() {
+        return spelled;
+    }
+    spelled
+        .nfd()
+        .filter(|c| !unicode_normalization::char::is_combining_mark(*c))
+        .collect()
+}
 
 /// Appends the words of `text` to `out`, lowercased, split on non-alphanumerics and camelCase.
 pub fn words(text: &str, out: &mut Vec<String>) {
@@ -42,16 +253,145 @@ pub fn words(text: &str, out: &mut Vec<String>) {
     }
 }
 
+/// One letter is the tail of "won't" or "Dana's", not a word; a lone digit may be a number.
+fn is_fragment(w: &str) -> bool {
+    w.chars().count() <= 1 && !w.chars().all(char::is_numeric)
+}
+
 /// The search terms of `text`, in order, repeats kept (they are term frequencies).
 pub fn terms(text: &str) -> Vec<String> {
     let mut ws = Vec::new();
     words(text, &mut ws);
     ws.into_iter()
-        .filter(|w| !STOP_WORDS.contains(&w.as_str()))
-        // One letter is the tail of "won't" or "Dana's", not a word; a lone digit may be a number.
-        .filter(|w| w.chars().count() > 1 || w.chars().all(char::is_numeric))
-        .map(|w| STEMMER.stem(&w).into_owned())
+        .map(|w| fold(&w))
+        .filter(|w| !STOP_WORDS.contains(&w.as_str()) && !is_fragment(w))
+        .map(|w| Lang::En.key(&w))
         .collect()
+}
+
+/// The parsed [lexicon](lexicon.txt): (language, stemmed source word) → English target terms.
+struct Lexicon {
+    targets: HashMap<(Lang, String), Vec<String>>,
+}
+
+static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| Lexicon::parse(include_str!("lexicon.txt")));
+
+impl Lexicon {
+    fn parse(text: &str) -> Self {
+        let mut targets: HashMap<(Lang, String), Vec<String>> = HashMap::new();
+        for line in text.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let Some((to, sources)) = line.split_once(':') else {
+                continue;
+            };
+            let to = terms(to);
+            let columns = sources.split('|').map(str::trim);
+            for (lang, column) in Lang::ALL.into_iter().zip(columns) {
+                let mut ws = Vec::new();
+                words(column, &mut ws);
+                for key in ws.iter().map(|w| lang.key(&fold(w))) {
+                    let entry = targets.entry((lang, key)).or_default();
+                    for t in &to {
+                        if !entry.contains(t) {
+                            entry.push(t.clone());
+                        }
+                    }
+                }
+            }
+        }
+        Self { targets }
+    }
+
+    fn get(&self, lang: Lang, folded: &str) -> Option<&[String]> {
+        self.targets
+            .get(&(lang, lang.key(folded)))
+            .map(Vec::as_slice)
+    }
+}
+
+/// How a query is analyzed; the benchmark compares variants.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueryAnalysis {
+    /// Analyze in English, French, German and Spanish (otherwise: English only).
+    pub languages: bool,
+    /// Weight of lexicon targets (0 turns the lexicon off).
+    pub lexicon_weight: f64,
+    /// Split unknown German compounds into known parts.
+    pub decompound: bool,
+}
+
+/// The weighted search terms of a query, sorted by term, each once.
+///
+/// With `languages`, a word is a stop word if it is one in any of the four languages, and the
+/// lexicon is looked up in all of them: a guess from a short request is often wrong ("¿qué
+/// hora es?" has as many French as Spanish function words), and the languages' function words
+/// are rarely task words in another.
+pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
+    let mut ws = Vec::new();
+    words(text, &mut ws);
+    let langs: &[Lang] = if a.languages { &Lang::ALL } else { &[Lang::En] };
+    let mut out: HashMap<String, f64> = HashMap::new();
+    let mut put = |t: &str, w: f64| {
+        let e = out.entry(t.to_owned()).or_insert(0.0);
+        *e = e.max(w);
+    };
+    let lexicon = &*LEXICON;
+    for w in &ws {
+        let folded = fold(w);
+        if is_fragment(&folded) {
+            continue;
+        }
+        let stop = CONVERSATION_STOP.contains(&folded.as_str())
+            || langs.iter().any(|l| l.is_stop(&folded));
+        if a.lexicon_weight > 0.0 {
+            let mut found = false;
+            for &l in langs {
+                if let Some(targets) = lexicon.get(l, &folded) {
+                    found = true;
+                    for t in targets {
+                        put(t, a.lexicon_weight);
+                    }
+                }
+            }
+            if !found && a.decompound && a.languages {
+                for t in decompound(lexicon, &folded) {
+                    put(&t, a.lexicon_weight);
+                }
+            }
+        }
+        if !stop {
+            put(&Lang::En.key(&folded), 1.0);
+        }
+    }
+    let mut terms: Vec<(String, f64)> = out.into_iter().collect();
+    terms.sort_by(|a, b| a.0.cmp(&b.0));
+    terms
+}
+
+/// The lexicon targets of a German compound made of two known words, with an optional linking
+/// `s` ("Besprechungsnotizen"); empty when no split has both parts known.
+fn decompound(lexicon: &Lexicon, word: &str) -> Vec<String> {
+    let chars: Vec<char> = word.chars().collect();
+    if chars.len() < 8 {
+        return Vec::new();
+    }
+    for i in (4..=chars.len() - 4).rev() {
+        let left: String = chars[..i].iter().collect();
+        let right: String = chars[i..].iter().collect();
+        let Some(r) = lexicon.get(Lang::De, &right) else {
+            continue;
+        };
+        let l = lexicon.get(Lang::De, &left).or_else(|| {
+            left.strip_suffix('s')
+                .and_then(|l| lexicon.get(Lang::De, l))
+        });
+        if let Some(l) = l {
+            return l.iter().chain(r).cloned().collect();
+        }
+    }
+    Vec::new()
 }
 
 #[cfg(test)]
@@ -84,5 +424,47 @@ mod tests {
         );
         assert_eq!(terms("merge_pull_request"), ["merg", "pull", "request"]);
         assert_eq!(terms("won't fix #311"), ["won", "fix", "311"]);
+    }
+
+    #[test]
+    fn accents_fold_and_umlauts_are_spelled_out() {
+        assert_eq!(fold("Répertoire"), "repertoire");
+        assert_eq!(fold("löschen"), "loeschen");
+        assert_eq!(fold("Straße"), "strasse");
+        assert_eq!(fold("contraseña"), "contrasena");
+    }
+
+    fn has(terms: &[(String, f64)], t: &str) -> bool {
+        terms.iter().any(|(x, _)| x == t)
+    }
+
+    #[test]
+    fn foreign_words_search_their_english_terms_below_typed_words() {
+        let a = QueryAnalysis {
+            languages: true,
+            lexicon_weight: 0.7,
+            decompound: true,
+        };
+        let q = query_terms("crée un dossier dans mes documents", &a);
+        assert!(has(&q, "directori") && has(&q, "folder"), "{q:?}");
+        let q = query_terms("¿qué hora es ahora mismo?", &a);
+        assert!(has(&q, "time"), "{q:?}");
+        assert!(
+            !has(&q, "dan") && !has(&q, "un"),
+            "stop words dropped: {q:?}"
+        );
+        let q = query_terms("zeig mir die komplette Ordnerstruktur", &a);
+        assert!(has(&q, "directori") && has(&q, "tree"), "{q:?}");
+        let q = query_terms("file a ticket", &a);
+        let weight = |t: &str| q.iter().find(|(x, _)| x == t).map(|(_, w)| *w);
+        assert_eq!(weight("ticket"), Some(1.0));
+        assert_eq!(weight("issu"), Some(0.7));
+        // Off: English terms only, as typed.
+        let plain = QueryAnalysis {
+            languages: false,
+            lexicon_weight: 0.0,
+            decompound: false,
+        };
+        assert!(!has(&query_terms("file a ticket", &plain), "issu"));
     }
 }

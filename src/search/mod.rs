@@ -9,6 +9,12 @@
 //! call. Nothing is stored between requests: the list and the results are pure functions of the
 //! token, the live grants and the catalog, in a deterministic order, so prompt caches hold.
 //!
+//! **Ranking.** BM25F over the name, title, description and parameters (names, descriptions,
+//! enum values) of each tool, with queries analyzed for English, French, German and Spanish and
+//! mapped onto the tools' English words through a small static lexicon (see `analyze.rs` and `lexicon.txt`). It
+//! needs no model and nothing from the network. Results carry each tool's name, description and
+//! input schema without the schema's bookkeeping, so that the model can call it.
+//!
 //! **Why our own BM25 rather than a crate.** The maintained crates (`bm25`, `tantivy`) score
 //! against statistics of the whole corpus they hold, fitted up front, and return a top-k over
 //! all of it. We need the opposite shape: one index per catalog, searched through a different
@@ -202,10 +208,67 @@ pub fn parse_call(args: &Map<String, Value>) -> Result<CallRequest, String> {
     Ok(CallRequest { name, arguments })
 }
 
-/// The `search_tools` result: the hits' definitions, the same objects `tools/list` returns.
+/// The `search_tools` result: per hit, what a model needs to call the tool and no more: its
+/// name, description and input schema (types, required, enums, defaults, bounds, parameter
+/// descriptions). Left out: annotations, `_meta`, titles and the schema's bookkeeping
+/// (`$schema`, `additionalProperties`, `title`), which `tools/list` still carries.
 pub fn results_body(hits: &[Hit]) -> Value {
-    let defs: Vec<rmcp::model::Tool> = hits.iter().map(|h| h.tool.mcp_definition()).collect();
-    json!({"tools": defs})
+    let tools: Vec<Value> = hits.iter().map(|h| compact_definition(&h.tool)).collect();
+    json!({"tools": tools})
+}
+
+fn compact_definition(tool: &Tool) -> Value {
+    let mut def = Map::new();
+    def.insert("name".into(), Value::String(tool.name.to_string()));
+    if let Some(d) = &tool.description {
+        def.insert("description".into(), Value::String(d.clone()));
+    }
+    def.insert(
+        "inputSchema".into(),
+        compact_schema(&Value::Object((*tool.input_schema).clone())),
+    );
+    Value::Object(def)
+}
+
+/// A JSON Schema without the keywords a model does not need to write a valid call (the
+/// gateway still validates against the full schema, and says what is wrong).
+fn compact_schema(schema: &Value) -> Value {
+    match schema {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| {
+                    !matches!(k.as_str(), "$schema" | "additionalProperties" | "title")
+                })
+                .map(|(k, v)| {
+                    let v = match k.as_str() {
+                        // Maps of names to schemas, and schemas: compact inside.
+                        "properties" | "$defs" | "definitions" => match v {
+                            Value::Object(props) => Value::Object(
+                                props
+                                    .iter()
+                                    .map(|(name, s)| (name.clone(), compact_schema(s)))
+                                    .collect(),
+                            ),
+                            other => other.clone(),
+                        },
+                        "items" | "not" | "additionalItems" => compact_schema(v),
+                        "anyOf" | "oneOf" | "allOf" => match v {
+                            Value::Array(a) => Value::Array(a.iter().map(compact_schema).collect()),
+                            other => other.clone(),
+                        },
+                        _ => v.clone(),
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// The text block of a `search_tools` result: what the model reads.
+pub fn results_text(hits: &[Hit]) -> String {
+    results_body(hits).to_string()
 }
 
 /// What an agent's tool definitions cost, and how it is therefore served.

@@ -86,6 +86,64 @@ fn search_is_limited_to_the_visible_tools() {
 }
 
 #[test]
+fn a_result_keeps_what_a_call_needs_and_drops_the_rest() {
+    let defs = json!([{
+        "name": "a__b",
+        "title": "B",
+        "description": "Does b.",
+        "annotations": {"readOnlyHint": true},
+        "inputSchema": {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "mode": {"type": "string", "enum": ["x", "y"], "description": "Which.", "title": "M"},
+                "items": {"type": "array", "items": {"type": "object", "title": "I",
+                    "properties": {"n": {"type": "integer", "minimum": 1}}, "required": ["n"]}}
+            },
+            "required": ["mode"]
+        }
+    }]);
+    let catalog = catalog_from_definitions(&defs).unwrap();
+    let tool = catalog.get("a__b").unwrap().clone();
+    let body = results_body(&[Hit { tool, score: 1.0 }]);
+    assert_eq!(
+        body,
+        json!({"tools": [{
+            "name": "a__b",
+            "description": "Does b.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "mode": {"type": "string", "enum": ["x", "y"], "description": "Which."},
+                    "items": {"type": "array", "items": {"type": "object",
+                        "properties": {"n": {"type": "integer", "minimum": 1}}, "required": ["n"]}}
+                },
+                "required": ["mode"]
+            }
+        }]})
+    );
+    assert_eq!(results_text(&[]), json!({"tools": []}).to_string());
+}
+
+#[test]
+fn a_request_in_another_language_finds_the_english_tool() {
+    let catalog = reference();
+    let index = SearchIndex::build(&catalog, None);
+    let all: Vec<_> = catalog.tools().cloned().collect();
+    let hits = index.search(&all, "fusionne la demande de fusion", 5);
+    assert!(
+        names(&hits).contains(&"github__merge_pull_request"),
+        "{:?}",
+        names(&hits)
+    );
+    // Without the lexicon and the language guess, the words meet nothing of it.
+    let plain = SearchIndex::build_with(&catalog, None, SearchOptions::english_only());
+    let hits = plain.search(&all, "fusionne la demande de fusion", 5);
+    assert!(!names(&hits).contains(&"github__merge_pull_request"));
+}
+
+#[test]
 fn auto_lists_in_full_up_to_the_budget_and_searches_above_it() {
     assert_eq!(
         resolve_discovery(Discovery::Auto, || 5000, 5000),
@@ -296,6 +354,16 @@ const QUERY_WORDS: &[&str] = &[
     "owner",
     "page",
     "zzz",
+    // Other languages and lexicon words: their expansions must not see hidden tools either.
+    "ticket",
+    "dossier",
+    "fichier",
+    "le",
+    "Ordnerstruktur",
+    "Nachricht",
+    "rama",
+    "¿qué",
+    "folder",
 ];
 
 fn query_strategy() -> impl Strategy<Value = String> {

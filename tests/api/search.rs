@@ -60,14 +60,28 @@ async fn an_agent_in_search_mode_finds_a_tool_and_calls_it_both_ways(pool: PgPoo
     let names = found(&r);
     assert_eq!(names[0], "weather__current", "{names:?}");
     assert!(names.len() <= 3);
-    // The definitions are exactly what a full tools/list shows.
+    // Each definition says what tools/list says about calling the tool: the same name,
+    // description, parameters with their types, descriptions and enums, and required ones.
     let listed = app.mcp(Some(&full), "tools/list", json!({})).await;
     let listed = listed.body["result"]["tools"].as_array().unwrap().clone();
     for def in r.body["result"]["structuredContent"]["tools"]
         .as_array()
         .unwrap()
     {
-        assert!(listed.contains(def), "{def} differs from tools/list");
+        let full_def = listed
+            .iter()
+            .find(|l| l["name"] == def["name"])
+            .unwrap_or_else(|| panic!("{def} is not in tools/list"));
+        assert_eq!(def["description"], full_def["description"]);
+        let (schema, full_schema) = (&def["inputSchema"], &full_def["inputSchema"]);
+        assert_eq!(schema["required"], full_schema["required"], "{def}");
+        let props = full_schema["properties"].as_object().unwrap();
+        assert_eq!(schema["properties"].as_object().unwrap().len(), props.len());
+        for (name, p) in props {
+            for key in ["type", "description", "enum", "default"] {
+                assert_eq!(schema["properties"][name][key], p[key], "{name}.{key}");
+            }
+        }
     }
 
     // Found tools are callable directly by name (not listed, but visible) ...
