@@ -7,6 +7,7 @@ mod credentials;
 mod durability;
 mod helpers;
 mod mcp;
+mod otel;
 mod perimeter;
 mod policy;
 mod reload;
