@@ -424,6 +424,32 @@ async fn a_call_continues_the_callers_trace_into_scripts_and_upstreams(pool: PgP
     );
     assert_eq!(env["tracestate"], "agentvendor=t61rcWkgMzE");
 
+    // The REST projection of the same tool is traced the same way, under its route.
+    let rest = http
+        .post(format!("{base}/tools/env/show"))
+        .bearer_auth(&token)
+        .header("traceparent", format!("00-{TRACE_ID}-{CLIENT_SPAN}-01"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rest.status(), 200);
+    let rest_env: Value = rest.json().await.unwrap();
+    let span = receiver
+        .wait_for("for the REST call", |s| {
+            is_call_of(s, "env__show") && s.name == "POST /tools/{*path}"
+        })
+        .await;
+    assert_eq!(hex(&span.parent_span_id), CLIENT_SPAN);
+    assert_eq!(
+        text_attr(&span, "url.path").as_deref(),
+        Some("/tools/env/show")
+    );
+    assert_eq!(
+        rest_env["traceparent"],
+        format!("00-{TRACE_ID}-{}-01", hex(&span.span_id))
+    );
+
     // An upstream tool: the upstream is sent the trace as a header.
     let echoed = client
         .call_tool(call_params("up__echo", json!({"message": "hi"})))
