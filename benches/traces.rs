@@ -2,6 +2,9 @@
 //! database, one exporting OTLP/HTTP to a receiver in this process, one with no OTLP variable,
 //! called in turn (so that load on the machine falls on both alike).
 //!
+//! With `TOOLGATE_REFERENCE_BIN=<another toolgate binary>` (a build from before traces, say), a
+//! third process of that binary, without the variables, is called in the same turns.
+//!
 //! Run: `cargo bench --bench traces` (needs PostgreSQL; `DATABASE_URL` names the server,
 //! default `postgres://root@127.0.0.1:5432/postgres`; a scratch database is created and
 //! dropped). Figures go to stdout as a table.
@@ -48,12 +51,13 @@ fn free_port() -> u16 {
 }
 
 async fn serve(
+    bin: &str,
     db: &str,
     tools: &std::path::Path,
     otlp: Option<&str>,
 ) -> (tokio::process::Child, String) {
     let port = free_port();
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"));
+    let mut cmd = tokio::process::Command::new(bin);
     cmd.args(["serve", "--database-url", db])
         .args(["--bind", &format!("127.0.0.1:{port}")])
         // One issuer for both, so that one token serves on either.
@@ -184,48 +188,58 @@ async fn main() {
     let otlp = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, receiver).await });
 
-    let (mut off, off_base) = serve(&db, tools.path(), None).await;
-    let (mut on, on_base) = serve(&db, tools.path(), Some(&otlp)).await;
+    let bin = env!("CARGO_BIN_EXE_toolgate");
+    let mut servers = vec![
+        ("traces off", serve(bin, &db, tools.path(), None).await),
+        (
+            "traces exported",
+            serve(bin, &db, tools.path(), Some(&otlp)).await,
+        ),
+    ];
+    if let Ok(reference) = std::env::var("TOOLGATE_REFERENCE_BIN") {
+        servers.push((
+            "reference binary",
+            serve(&reference, &db, tools.path(), None).await,
+        ));
+    }
+    let bases: Vec<String> = servers.iter().map(|(_, (_, b))| b.clone()).collect();
     let http = reqwest::Client::new();
-    let token = token(&http, &off_base).await;
+    let token = token(&http, &bases[0]).await;
     let call = |base: &str| {
         http.post(format!("{base}/tools/bench/echo"))
             .bearer_auth(&token)
             .json(&json!({}))
     };
     let list = |base: &str| http.get(format!("{base}/openapi.json")).bearer_auth(&token);
-    // The second instance learns of the grant through NOTIFY.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !http
-        .execute(call(&on_base).build().unwrap())
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the second instance never saw the grant"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    // The other instances learn of the grant through NOTIFY.
+    for base in &bases {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !http
+            .execute(call(base).build().unwrap())
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            assert!(Instant::now() < deadline, "an instance never saw the grant");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     for _ in 0..50 {
-        timed(&http, call(&off_base)).await;
-        timed(&http, call(&on_base)).await;
+        for base in &bases {
+            timed(&http, call(base)).await;
+        }
     }
 
-    let (mut call_off, mut call_on, mut list_off, mut list_on) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let n = bases.len();
+    let (mut calls, mut lists) = (vec![Vec::new(); n], vec![Vec::new(); n]);
     for i in 0..ROUNDS {
-        // Alternate which goes first, so neither always follows the other's work.
-        if i % 2 == 0 {
-            call_off.push(timed(&http, call(&off_base)).await);
-            call_on.push(timed(&http, call(&on_base)).await);
-            list_off.push(timed(&http, list(&off_base)).await);
-            list_on.push(timed(&http, list(&on_base)).await);
-        } else {
-            call_on.push(timed(&http, call(&on_base)).await);
-            call_off.push(timed(&http, call(&off_base)).await);
-            list_on.push(timed(&http, list(&on_base)).await);
-            list_off.push(timed(&http, list(&off_base)).await);
+        // Rotate which goes first, so none always follows the same other's work.
+        for k in 0..n {
+            let s = (i + k) % n;
+            calls[s].push(timed(&http, call(&bases[s])).await);
+        }
+        for k in 0..n {
+            let s = (i + k) % n;
+            lists[s].push(timed(&http, list(&bases[s])).await);
         }
     }
 
@@ -240,23 +254,28 @@ async fn main() {
         "-".repeat(10),
         "-".repeat(10)
     );
-    let (co, cn, lo, ln) = (
-        p50_p99_mean(call_off),
-        p50_p99_mean(call_on),
-        p50_p99_mean(list_off),
-        p50_p99_mean(list_on),
-    );
-    row("REST tool call, traces off", co);
-    row("REST tool call, traces exported", cn);
-    row("GET /openapi.json, traces off", lo);
-    row("GET /openapi.json, traces exported", ln);
+    let calls: Vec<_> = calls.into_iter().map(p50_p99_mean).collect();
+    let lists: Vec<_> = lists.into_iter().map(p50_p99_mean).collect();
+    for (k, (label, _)) in servers.iter().enumerate() {
+        row(&format!("REST tool call, {label}"), calls[k]);
+    }
+    for (k, (label, _)) in servers.iter().enumerate() {
+        row(&format!("GET /openapi.json, {label}"), lists[k]);
+    }
     println!(
         "\np50 ratio exported/off: tool call {:.3}, openapi.json {:.3}",
-        cn.0 / co.0,
-        ln.0 / lo.0
+        calls[1].0 / calls[0].0,
+        lists[1].0 / lists[0].0
     );
+    if n == 3 {
+        println!(
+            "p50 ratio off/reference: tool call {:.3}, openapi.json {:.3}",
+            calls[0].0 / calls[2].0,
+            lists[0].0 / lists[2].0
+        );
+    }
 
-    for child in [&mut on, &mut off] {
+    for (_, (child, _)) in &mut servers {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
             nix::sys::signal::Signal::SIGTERM,
