@@ -66,23 +66,13 @@ pub fn init(format: LogFormat) -> Telemetry {
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=error,rmcp=warn"));
     if !wants_traces() {
-        // Exactly the logging there was before traces: one global filter, no span bookkeeping.
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr);
-        let _ = match format {
-            LogFormat::Text => builder.try_init(),
-            LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        };
+        logs_only(format, filter);
         return Telemetry { provider: None };
     }
     let provider = match provider() {
         Ok(p) => p,
         Err(e) => {
-            let builder = tracing_subscriber::fmt()
-                .with_env_filter(filter)
-                .with_writer(std::io::stderr);
-            let _ = builder.try_init();
+            logs_only(format, filter);
             tracing::error!(error = %e, "cannot set up the OTLP trace exporter; traces are off");
             return Telemetry { provider: None };
         }
@@ -120,6 +110,17 @@ pub fn init(format: LogFormat) -> Telemetry {
     Telemetry {
         provider: Some(provider),
     }
+}
+
+/// Exactly the logging there was before traces: one global filter, no span bookkeeping.
+fn logs_only(format: LogFormat, filter: EnvFilter) {
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
 }
 
 fn provider() -> Result<SdkTracerProvider, opentelemetry_otlp::ExporterBuildError> {
