@@ -193,7 +193,8 @@ async fn db_url(pool: &PgPool) -> String {
     )
 }
 
-/// A real `toolgate serve` exporting to `otlp`, each batch sent after `batch_delay_ms`.
+/// A real `toolgate serve` exporting to `otlp`, each batch sent after `batch_delay_ms` (or
+/// when it holds 4096 spans).
 async fn serve(
     pool: &PgPool,
     tools: &std::path::Path,
@@ -212,6 +213,9 @@ async fn serve(
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)
         .env("OTEL_SERVICE_NAME", "toolgate-under-test")
         .env("OTEL_BSP_SCHEDULE_DELAY", batch_delay_ms.to_string())
+        // However slowly it starts (each readiness poll is a span), no batch fills up early.
+        .env("OTEL_BSP_MAX_QUEUE_SIZE", "4096")
+        .env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096")
         .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .env_remove("OTEL_SDK_DISABLED")
         .stdout(Stdio::null())
