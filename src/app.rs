@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use axum::Router;
 use sqlx::PgPool;
+use std::future::IntoFuture;
+
 use tokio::net::TcpListener;
 
-use crate::config::{ScriptSandbox, ServeArgs};
+use crate::config::{RedisFailureMode, ScriptSandbox, ServeArgs};
 use crate::metrics::Metrics;
 use crate::policy::snapshot::PolicyHandle;
 use crate::pool::loader::{LoaderSettings, load_pool};
@@ -36,9 +38,13 @@ pub struct Settings {
     pub loader: LoaderSettings,
     pub audit_retention_days: u32,
     pub token_rate: (u32, u32),
+    /// Where agent limits are counted across instances; `None`: in each instance.
+    pub limits_store: Option<crate::limits::StoreSettings>,
     pub output: OutputLimits,
     /// Names this instance in logs, metrics and the audit log.
     pub instance: String,
+    /// Reverse proxies whose `X-Forwarded-For` names the client (see [`crate::http::client_addr`]).
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 impl Settings {
@@ -63,6 +69,9 @@ impl Settings {
             allowed_hosts.push(host.to_owned());
         }
         allowed_hosts.extend(args.allowed_hosts.iter().cloned());
+        if let Some(url) = args.redis_url.as_ref().filter(|u| !u.is_empty()) {
+            crate::limits::SharedStore::check_url(url)?;
+        }
         let mut allowed_origins = vec![origin_of(&public)];
         allowed_origins.extend(args.allowed_origins.iter().cloned());
         Ok(Self {
@@ -83,11 +92,25 @@ impl Settings {
             },
             audit_retention_days: args.audit_retention_days.max(1),
             token_rate: (args.token_rate_per_ip, args.token_burst_per_ip),
+            limits_store: args
+                .redis_url
+                .as_ref()
+                .filter(|u| !u.is_empty())
+                .map(|url| crate::limits::StoreSettings {
+                    url: url.clone(),
+                    key_prefix: args.redis_key_prefix.clone(),
+                    failure_mode: match args.redis_failure_mode {
+                        RedisFailureMode::Open => crate::limits::FailureMode::Open,
+                        RedisFailureMode::Closed => crate::limits::FailureMode::Closed,
+                    },
+                    timeout: Duration::from_millis(args.redis_timeout_ms.clamp(1, 10_000)),
+                }),
             output: OutputLimits {
                 max_stdout: args.max_stdout_bytes.max(1024),
                 ..OutputLimits::default()
             },
             instance: crate::audit::instance_name().to_owned(),
+            trusted_proxies: args.trusted_proxies.clone(),
         })
     }
 }
@@ -148,8 +171,10 @@ pub struct Inner {
     pub audit: crate::audit::writer::AuditLog,
     pub limits: crate::limits::RateLimits,
     pub upstreams: crate::upstream::Upstreams,
-    /// Client-assertion ids already used on this instance.
-    pub replay: crate::oauth::ReplayCache,
+    /// Set at SIGTERM: `/readyz` answers 503 and responses close their connections.
+    draining: std::sync::atomic::AtomicBool,
+    /// HTTP requests being served now (what a drain waits for).
+    in_flight: std::sync::atomic::AtomicUsize,
     /// Serialises pool reloads so two bursts of file events never interleave.
     reload_lock: std::sync::Mutex<()>,
     /// Serialises writes of the catalog table.
@@ -180,7 +205,19 @@ impl AppState {
         db: PgPool,
         audit: crate::audit::writer::AuditLog,
     ) -> Self {
-        let limits = crate::limits::RateLimits::new(settings.token_rate.0, settings.token_rate.1);
+        let metrics = Metrics::new();
+        // `from_args` has checked the URL, so this cannot fail on it; the connection itself is
+        // made on first use, and a Redis that is down is handled by the failure mode.
+        let shared = settings.limits_store.as_ref().and_then(|s| {
+            crate::limits::SharedStore::connect(s, metrics.rate_limit_store_errors.clone())
+                .inspect_err(|e| tracing::error!(error = %e, "cannot use the rate-limit store"))
+                .ok()
+        });
+        let limits = crate::limits::RateLimits::with_store(
+            settings.token_rate.0,
+            settings.token_rate.1,
+            shared,
+        );
         Self(Arc::new(Inner {
             audit,
             limits,
@@ -188,11 +225,33 @@ impl AppState {
             settings,
             db,
             policy: PolicyHandle::default(),
-            metrics: Metrics::new(),
-            replay: crate::oauth::ReplayCache::default(),
+            metrics,
+            draining: std::sync::atomic::AtomicBool::new(false),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
             reload_lock: std::sync::Mutex::new(()),
             catalog_sync: tokio::sync::Mutex::new(()),
         }))
+    }
+
+    /// Starts draining: from now on this instance says it is not ready.
+    pub fn start_drain(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Counts one request as in flight until the guard is dropped.
+    pub fn request_started(&self) -> InFlight {
+        self.in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlight(self.clone())
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Reloads the tool pool from disk and swaps it in; returns the new catalog size.
@@ -275,6 +334,17 @@ impl AppState {
         self.metrics
             .agents_without_tools
             .set(snap.agents_without_tools() as i64);
+    }
+}
+
+/// One request in flight; see [`AppState::request_started`].
+pub struct InFlight(AppState);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0
+            .in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -411,6 +481,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }
         });
     }
+    {
+        // Short-lived shared rows (a sign-in key lives a minute, an assertion id ten): pruned
+        // often, so a spray of attempts leaves little behind.
+        let db = state.db.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SHARED_STATE_PRUNE_EVERY);
+            loop {
+                tick.tick().await;
+                if let Err(e) = prune_shared_state(&db).await {
+                    tracing::warn!(error = %e, "pruning used assertion ids and sign-in throttles failed");
+                }
+            }
+        });
+    }
     crate::audit::checkpoint::spawn_publisher(
         state.db.clone(),
         args.audit_checkpoint_key.as_deref(),
@@ -418,14 +502,133 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     let listener = TcpListener::bind(args.bind).await?;
     tracing::info!(addr = %listener.local_addr()?, issuer = %settings.issuer, "toolgate listening");
-    axum::serve(
+    let drain = Drain::from_args(&args);
+    let stop_accepting = tokio_util::sync::CancellationToken::new();
+    let server = axum::serve(
         listener,
-        router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        router(state.clone()).into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown_signal())
-    .await?;
-    tracing::info!("toolgate stopped");
-    Ok(())
+    .with_graceful_shutdown(stop_accepting.clone().cancelled_owned());
+    let mut server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        r = &mut server => {
+            r?;
+            return Ok(());
+        }
+        () = shutdown_signal() => {}
+    }
+    drain.run(&state, server, stop_accepting).await
+}
+
+/// How often used assertion ids and idle sign-in throttles are deleted.
+const SHARED_STATE_PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// Deletes the used client-assertion ids that can no longer be presented and the sign-in
+/// throttle keys back at their full burst; returns how many of each.
+pub async fn prune_shared_state(db: &PgPool) -> sqlx::Result<(u64, u64)> {
+    Ok((
+        db::assertions::prune(db).await?,
+        db::signin::prune(db).await?,
+    ))
+}
+
+/// The shutdown sequence after SIGTERM (or Ctrl-C):
+///
+/// 1. at once, `/readyz` answers 503 and every response asks its client to close the
+///    connection;
+/// 2. for the grace period, new requests are still served, while load balancers notice;
+/// 3. the listener closes; requests in flight run to their end (their audit rows are durable
+///    before they answer);
+/// 4. the audit log is flushed (events recorded without waiting, such as refused sign-ins);
+/// 5. the process exits. Whatever is still running at the drain deadline is abandoned, with
+///    an error logged; scripts die with the process.
+struct Drain {
+    grace: Duration,
+    timeout: Duration,
+    /// The last part of the deadline, kept for flushing the audit log, so that requests
+    /// finishing late still leave time to write what they recorded.
+    flush_reserve: Duration,
+}
+
+impl Drain {
+    fn from_args(args: &ServeArgs) -> Self {
+        let timeout = Duration::from_secs(args.drain_timeout_secs);
+        let flush_reserve = (timeout / 5).min(Duration::from_secs(5));
+        Self {
+            grace: Duration::from_secs(args.drain_grace_secs).min(timeout - flush_reserve),
+            timeout,
+            flush_reserve,
+        }
+    }
+
+    /// Runs the sequence; an error if anything had to be abandoned.
+    async fn run<F>(
+        self,
+        state: &AppState,
+        mut server: std::pin::Pin<&mut F>,
+        stop_accepting: tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<()>
+    where
+        F: std::future::Future<Output = std::io::Result<()>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        state.start_drain();
+        tracing::info!(
+            grace_secs = self.grace.as_secs(),
+            timeout_secs = self.timeout.as_secs(),
+            in_flight = state.in_flight(),
+            "draining: /readyz answers 503; still serving for the grace period"
+        );
+        let served = tokio::select! {
+            () = tokio::time::sleep(self.grace) => None,
+            r = server.as_mut() => Some(r),
+        };
+        stop_accepting.cancel();
+        let served = match served {
+            Some(r) => Some(r),
+            None => {
+                tracing::info!(
+                    in_flight = state.in_flight(),
+                    "draining: the listener is closed; waiting for requests in flight"
+                );
+                tokio::time::timeout_at(deadline - self.flush_reserve, server.as_mut())
+                    .await
+                    .ok()
+            }
+        };
+        let mut clean = true;
+        match served {
+            Some(Ok(())) => tracing::info!("draining: every request has finished"),
+            Some(Err(e)) => {
+                clean = false;
+                tracing::error!(error = %e, "draining: the server failed");
+            }
+            None => {
+                clean = false;
+                tracing::error!(
+                    in_flight = state.in_flight(),
+                    timeout_secs = self.timeout.as_secs(),
+                    "drain deadline reached: abandoning the requests still in flight"
+                );
+            }
+        }
+        match tokio::time::timeout_at(deadline, state.audit.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                clean = false;
+                tracing::error!(error = %e, "the audit log could not be flushed");
+            }
+            Err(_) => {
+                clean = false;
+                tracing::error!("drain deadline reached: the audit log was not flushed in time");
+            }
+        }
+        if !clean {
+            anyhow::bail!("toolgate stopped with work abandoned (see the errors above)");
+        }
+        tracing::info!("toolgate stopped");
+        Ok(())
+    }
 }
 
 async fn shutdown_signal() {
@@ -444,5 +647,4 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
-    tracing::info!("shutting down");
 }

@@ -158,12 +158,53 @@ pub struct ServeArgs {
     /// Seconds between signed audit checkpoints.
     #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_SECS", default_value_t = 300)]
     pub audit_checkpoint_secs: u64,
+    /// After SIGTERM, the seconds within which the process exits: calls in flight finish and
+    /// the audit log is flushed first; whatever is still running then is abandoned.
+    #[arg(long, env = "TOOLGATE_DRAIN_TIMEOUT_SECS", default_value_t = 30)]
+    pub drain_timeout_secs: u64,
+    /// After SIGTERM, the seconds new requests are still served while `/readyz` answers 503,
+    /// so load balancers stop routing here before the listener closes (at most the timeout).
+    #[arg(long, env = "TOOLGATE_DRAIN_GRACE_SECS", default_value_t = 5)]
+    pub drain_grace_secs: u64,
     /// Token requests allowed per second from one client IP (against secret guessing).
     #[arg(long, env = "TOOLGATE_TOKEN_RATE_PER_IP", default_value_t = 5)]
     pub token_rate_per_ip: u32,
     /// Burst of token requests allowed from one client IP.
     #[arg(long, env = "TOOLGATE_TOKEN_BURST_PER_IP", default_value_t = 20)]
     pub token_burst_per_ip: u32,
+    /// Addresses or networks of reverse proxies (load balancers) whose `X-Forwarded-For` is
+    /// believed: the client is the first address, read from the right, that is not one of them.
+    /// Without it the peer address is the client, whatever the header says.
+    #[arg(
+        long = "trusted-proxy",
+        env = "TOOLGATE_TRUSTED_PROXIES",
+        value_delimiter = ',',
+        value_parser = parse_net
+    )]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Redis URL for rate-limit counters shared by every instance (`redis://host:6379/0`).
+    /// Without it, each instance counts its own.
+    #[arg(long, env = "TOOLGATE_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+    /// When Redis cannot answer a limit check in time: `open` counts in this instance
+    /// instead, `closed` refuses the request with 503.
+    #[arg(
+        long,
+        env = "TOOLGATE_REDIS_FAILURE_MODE",
+        value_enum,
+        default_value = "open"
+    )]
+    pub redis_failure_mode: RedisFailureMode,
+    /// Put before every Redis key, so several deployments can share one Redis.
+    #[arg(
+        long,
+        env = "TOOLGATE_REDIS_KEY_PREFIX",
+        default_value = "toolgate:rl:"
+    )]
+    pub redis_key_prefix: String,
+    /// How long a limit check waits for Redis before the failure mode applies.
+    #[arg(long, env = "TOOLGATE_REDIS_TIMEOUT_MS", default_value_t = 50)]
+    pub redis_timeout_ms: u64,
     /// Page size of tools/list.
     #[arg(long, env = "TOOLGATE_PAGE_SIZE", default_value_t = 100)]
     pub page_size: usize,
@@ -171,6 +212,12 @@ pub struct ServeArgs {
     /// and the search meta-tools above it.
     #[arg(long, env = "TOOLGATE_SEARCH_TOKEN_BUDGET", default_value_t = crate::search::DEFAULT_TOKEN_BUDGET)]
     pub search_token_budget: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RedisFailureMode {
+    Open,
+    Closed,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -338,4 +385,12 @@ pub enum AuditCommand {
         #[arg(long, env = "TOOLGATE_AUDIT_RETENTION_DAYS", default_value_t = 365)]
         days: u32,
     },
+}
+
+/// A network (`10.0.0.0/8`) or a single address (`10.1.2.3`, taken as `/32` or `/128`).
+fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
+    let s = s.trim();
+    s.parse::<ipnet::IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{s:?} is neither an IP address nor a network such as 10.0.0.0/8"))
 }

@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 use crate::app::AppState;
 use crate::audit::writer::AuditUnavailable;
 use crate::audit::{self, AuditEvent, EventKind, Outcome as AuditOutcome, RequestOrigin};
+use crate::limits::Refusal;
 use crate::policy::snapshot::{Discovery, PolicySnapshot, Principal};
 use crate::pool::runner::{self, ScriptOutcome};
 use crate::pool::{Execution, Tool};
@@ -59,6 +60,9 @@ pub enum Refused {
     },
     /// A rate limit is exhausted; retry after this long.
     RateLimited { retry_after: Duration },
+    /// The shared rate-limit store is down and the failure mode is `closed`; retry after
+    /// this long.
+    LimitsUnavailable { retry_after: Duration },
     /// The audit log cannot record the request, so it was not served.
     AuditUnavailable(AuditUnavailable),
 }
@@ -262,7 +266,7 @@ impl<'a> Gate<'a> {
     /// Takes one request from every limit of the caller's agent that applies (to `tool`, for
     /// a call). A refusal is audited as `kind` without waiting: a flood of refused requests
     /// must never queue behind, or slow, the audit log.
-    fn limit(
+    async fn limit(
         &self,
         kind: EventKind,
         tool: Option<&str>,
@@ -271,7 +275,7 @@ impl<'a> Gate<'a> {
         let Some(agent) = self.snapshot.agent(&self.principal.agent) else {
             return Ok(());
         };
-        let Err(retry_after) = self.state.limits.check(agent, tool) else {
+        let Err(refusal) = self.state.limits.check(agent, tool).await else {
             return Ok(());
         };
         let mut e = match tool {
@@ -281,18 +285,27 @@ impl<'a> Gate<'a> {
         if resource.is_some() {
             e.resource = resource.map(audit::bounded);
         }
-        e.error = Some(format!(
-            "rate limited; retry after {} ms",
-            retry_after.as_millis()
-        ));
+        let refused = match refusal {
+            Refusal::Exhausted(retry_after) => {
+                e.error = Some(format!(
+                    "rate limited; retry after {} ms",
+                    retry_after.as_millis()
+                ));
+                Refused::RateLimited { retry_after }
+            }
+            Refusal::StoreUnavailable(retry_after) => {
+                e.error = Some("the rate-limit store is unavailable".into());
+                Refused::LimitsUnavailable { retry_after }
+            }
+        };
         self.state.audit.record_detached(e);
-        Err(Refused::RateLimited { retry_after })
+        Err(refused)
     }
 
     /// Admits a request that reads rather than runs (a list, a search, a document, a
     /// resource, a handshake): counts it against the agent's limits.
-    pub fn admit(&self, kind: EventKind) -> Result<(), Refused> {
-        self.limit(kind, None, None)
+    pub async fn admit(&self, kind: EventKind) -> Result<(), Refused> {
+        self.limit(kind, None, None).await
     }
 
     /// Records what a read disclosed (`details`), without waiting for the commit.
@@ -321,7 +334,7 @@ impl<'a> Gate<'a> {
         let Some(tool) = self.resolve(name) else {
             return Err(self.unknown_tool(name).await);
         };
-        if let Err(r) = self.limit(EventKind::ToolCall, Some(name), None) {
+        if let Err(r) = self.limit(EventKind::ToolCall, Some(name), None).await {
             self.metric("rate_limited");
             return Err(r);
         }
@@ -331,7 +344,7 @@ impl<'a> Gate<'a> {
     /// A call addressed to nothing the caller may see (`label`: the name or the REST route
     /// asked for).
     pub async fn unknown_tool(&self, label: &str) -> Refused {
-        if let Err(r) = self.limit(EventKind::ToolCall, Some(label), None) {
+        if let Err(r) = self.limit(EventKind::ToolCall, Some(label), None).await {
             self.metric("rate_limited");
             return r;
         }

@@ -1,9 +1,10 @@
 //! HTTP plumbing shared by the surfaces: request ids, metrics, the bearer guard, health.
 
+use std::net::IpAddr;
 use std::time::Instant;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -120,10 +121,14 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
         tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
     };
     let origin = crate::audit::RequestOrigin {
-        remote_addr: req
-            .extensions()
-            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .map(|c| c.0.ip().to_string()),
+        remote_addr: client_addr(
+            req.extensions()
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0.ip()),
+            req.headers(),
+            &state.settings.trusted_proxies,
+        )
+        .map(|ip| ip.to_string()),
         user_agent: req
             .headers()
             .get(header::USER_AGENT)
@@ -140,9 +145,12 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
     };
     let mut req = req;
     req.extensions_mut().insert(origin.clone());
-    let response = origin
+    let http1 = req.version() <= axum::http::Version::HTTP_11;
+    let in_flight = state.request_started();
+    let mut response = origin
         .scope(tracing::Instrument::instrument(next.run(req), span.clone()))
         .await;
+    drop(in_flight);
     // As i64: the OpenTelemetry layer would turn an unsigned value into text.
     span.record(
         "http.response.status_code",
@@ -150,6 +158,13 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
     );
     if response.status().is_server_error() {
         span.record("otel.status_code", "error");
+    }
+    // While draining, clients are moved off their keep-alive connections one response at a
+    // time, so none is left idle on a connection the listener's closing would cut.
+    if state.is_draining() && http1 {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     state
         .metrics
@@ -173,6 +188,14 @@ pub fn ops_router() -> Router<AppState> {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
+    // Draining answers at once, without waiting on the database.
+    if state.is_draining() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "draining"})),
+        )
+            .into_response();
+    }
     let db_ok = sqlx::query("SELECT 1").execute(&state.db).await.is_ok();
     let snapshot = state.policy.load();
     let pool_loaded = !snapshot.catalog.groups().collect::<Vec<_>>().is_empty()
@@ -340,4 +363,132 @@ pub async fn require_audit(State(state): State<AppState>, req: Request, next: Ne
         state.audit.set_healthy(true);
     }
     next.run(req).await
+}
+
+/// Entries of `X-Forwarded-For` looked at, at most: a chain of proxies is short, and the header
+/// is the client's to fill.
+const MAX_FORWARDED_HOPS: usize = 16;
+
+/// The client's address: the peer's, unless the peer is a trusted proxy, in which case
+/// `X-Forwarded-For` is read from the right (each proxy appends the address it saw) past every
+/// trusted proxy, and the first address that is not one is the client. Entries left of it were
+/// written by the client itself and prove nothing. A malformed entry stops the walk at the last
+/// proxy that was trusted, so a forged header can at worst name a proxy, never a chosen address.
+/// Per-address limits and the audit log's `remote_addr` depend on this.
+pub fn client_addr(
+    peer: Option<IpAddr>,
+    headers: &HeaderMap,
+    trusted: &[ipnet::IpNet],
+) -> Option<IpAddr> {
+    let mut current = peer?.to_canonical();
+    if trusted.is_empty() {
+        return Some(current);
+    }
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(&ip.to_canonical()));
+    let mut hops: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    let mut looked = 0;
+    while is_trusted(&current) && looked < MAX_FORWARDED_HOPS {
+        let Some(hop) = hops.pop() else { break };
+        looked += 1;
+        let Ok(ip) = hop
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+        else {
+            break;
+        };
+        current = ip.to_canonical();
+    }
+    Some(current)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xff(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append("x-forwarded-for", HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    fn nets(s: &[&str]) -> Vec<ipnet::IpNet> {
+        s.iter().map(|n| n.parse().unwrap()).collect()
+    }
+
+    fn ip(s: &str) -> Option<IpAddr> {
+        Some(s.parse().unwrap())
+    }
+
+    #[test]
+    fn without_trusted_proxies_the_header_is_ignored() {
+        let h = xff(&["198.51.100.9"]);
+        assert_eq!(client_addr(ip("203.0.113.5"), &h, &[]), ip("203.0.113.5"));
+    }
+
+    #[test]
+    fn a_stranger_cannot_choose_its_address_by_sending_the_header() {
+        let h = xff(&["198.51.100.9"]);
+        let trusted = nets(&["10.0.0.0/8"]);
+        assert_eq!(
+            client_addr(ip("203.0.113.5"), &h, &trusted),
+            ip("203.0.113.5")
+        );
+    }
+
+    #[test]
+    fn behind_a_trusted_proxy_the_rightmost_untrusted_entry_is_the_client() {
+        // The client forged the first entry; the proxy appended what it saw.
+        let h = xff(&["1.2.3.4, 198.51.100.9"]);
+        let trusted = nets(&["10.0.0.0/8"]);
+        assert_eq!(
+            client_addr(ip("10.0.0.2"), &h, &trusted),
+            ip("198.51.100.9")
+        );
+        // Two proxies, and the header split over two lines.
+        let h = xff(&["1.2.3.4, 198.51.100.9", "10.0.0.7"]);
+        assert_eq!(
+            client_addr(ip("10.0.0.2"), &h, &trusted),
+            ip("198.51.100.9")
+        );
+    }
+
+    #[test]
+    fn a_malformed_or_missing_entry_stops_at_the_last_trusted_proxy() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        let h = xff(&["198.51.100.9, not-an-ip"]);
+        assert_eq!(client_addr(ip("10.0.0.2"), &h, &trusted), ip("10.0.0.2"));
+        assert_eq!(
+            client_addr(ip("10.0.0.2"), &HeaderMap::new(), &trusted),
+            ip("10.0.0.2")
+        );
+        let h = xff(&["[2001:db8::1]"]);
+        assert_eq!(client_addr(ip("10.0.0.2"), &h, &trusted), ip("2001:db8::1"));
+    }
+
+    #[test]
+    fn ipv4_mapped_peers_match_ipv4_networks() {
+        let trusted = nets(&["127.0.0.1/32"]);
+        let h = xff(&["198.51.100.9"]);
+        assert_eq!(
+            client_addr(ip("::ffff:127.0.0.1"), &h, &trusted),
+            ip("198.51.100.9")
+        );
+    }
+
+    #[test]
+    fn a_long_forged_chain_of_trusted_addresses_is_cut_short() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        let chain = vec!["10.9.9.9"; 100].join(", ");
+        let h = xff(&[&format!("198.51.100.9, {chain}")]);
+        assert!(client_addr(ip("10.0.0.2"), &h, &trusted).is_some_and(|a| trusted[0].contains(&a)));
+    }
 }

@@ -1,6 +1,17 @@
+use std::time::Duration;
+
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    toolgate::cli::run(toolgate::config::Cli::parse()).await
+fn main() -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(toolgate::cli::run(toolgate::config::Cli::parse()));
+    // Work abandoned at the drain deadline (a blocking task, say) must not hold the exit.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    code
 }

@@ -1,7 +1,8 @@
 //! Prometheus metrics, served on `GET /metrics`.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 #[derive(Clone)]
@@ -14,6 +15,8 @@ pub struct Metrics {
     pub pool_load_errors: IntGauge,
     pub zero_match_grants: IntGauge,
     pub agents_without_tools: IntGauge,
+    /// Rate-limit checks the shared store (Redis) failed to answer in time.
+    pub rate_limit_store_errors: IntCounter,
 }
 
 impl Metrics {
@@ -51,6 +54,11 @@ impl Metrics {
         let agents_without_tools =
             IntGauge::new("agents_without_tools", "Agents whose grants match no tool")
                 .unwrap_or_else(|_| unreachable_metric());
+        let rate_limit_store_errors = IntCounter::new(
+            "rate_limit_store_errors_total",
+            "Rate-limit checks the shared store failed to answer in time",
+        )
+        .unwrap_or_else(|_| unreachable_metric());
         for c in [
             Box::new(http_requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(http_latency.clone()),
@@ -59,6 +67,7 @@ impl Metrics {
             Box::new(pool_load_errors.clone()),
             Box::new(zero_match_grants.clone()),
             Box::new(agents_without_tools.clone()),
+            Box::new(rate_limit_store_errors.clone()),
         ] {
             let _ = registry.register(c);
         }
@@ -71,6 +80,7 @@ impl Metrics {
             pool_load_errors,
             zero_match_grants,
             agents_without_tools,
+            rate_limit_store_errors,
         }
     }
 

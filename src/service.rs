@@ -300,14 +300,19 @@ pub async fn set_limits(
     agent: &str,
     limits: Vec<RateLimitRecord>,
 ) -> Result<()> {
+    // Each limit's rate and burst were checked when it was read (`Limit` admits no other).
+    let mut seen = std::collections::HashSet::new();
     for l in &limits {
-        if l.per_second == 0 || l.burst == 0 {
-            return Err(ServiceError::Invalid(
-                "per_second and burst must be at least 1".into(),
-            ));
-        }
         if let Some(p) = &l.pattern {
             GrantTarget::parse(p).map_err(ServiceError::Invalid)?;
+        }
+        if !seen.insert(l.pattern.as_deref()) {
+            return Err(ServiceError::Invalid(format!(
+                "two limits for {}",
+                l.pattern
+                    .as_deref()
+                    .map_or("the whole agent".to_owned(), |p| format!("`{p}`"))
+            )));
         }
     }
     let before = state

@@ -6,8 +6,9 @@
 //! run time (see `toolgate_fuzz::signed`) and checked against the client's registered JWKS
 //! (an Ed25519 and a P-256 key) or, when given, the fuzzed JWKS. Invariant beyond "no panic":
 //! an accepted assertion is signed by a registered key, has `iss` = `sub` = the client, our
-//! audience, a `jti`, no `nbf` or `iat` in the future, and an `exp` that is neither past
-//! nor more than the maximum lifetime ahead.
+//! audience, a `jti` that can be stored (bounded, no NUL), no `nbf` or `iat` in the future,
+//! and an `exp` that is neither past nor more than the maximum lifetime ahead; a client id
+//! that reaches the lookup is no longer than a stored one.
 
 #![no_main]
 
@@ -63,6 +64,10 @@ fuzz_target!(|data: &[u8]| {
     let Some(client_id) = assertion_client_id(&assertion, form_client_id) else {
         return;
     };
+    assert!(
+        client_id.len() <= toolgate::db::assertions::MAX_CLIENT_ID,
+        "a client id longer than is stored reached the lookup"
+    );
     if let Some(form) = form_client_id {
         assert_eq!(
             form, client_id,
@@ -118,4 +123,11 @@ fuzz_target!(|data: &[u8]| {
         "accepted an assertion living too long: {claims}"
     );
     assert_eq!(claims["jti"].as_str(), Some(verified.jti.as_str()));
+    // The id goes into Postgres as it is: bounded, and without the NUL it refuses.
+    assert!(
+        !verified.jti.is_empty()
+            && verified.jti.len() <= toolgate::db::assertions::MAX_JTI
+            && !verified.jti.contains('\0'),
+        "accepted a jti that cannot be recorded: {claims}"
+    );
 });

@@ -26,7 +26,8 @@ const QUEUE: usize = 8192;
 pub struct AuditUnavailable(pub String);
 
 struct Pending {
-    event: AuditEvent,
+    /// `None` for a flush marker, acknowledged once everything queued before it is written.
+    event: Option<AuditEvent>,
     done: Option<oneshot::Sender<Result<(), AuditUnavailable>>>,
 }
 
@@ -88,7 +89,22 @@ impl AuditLog {
         let (done, wait) = oneshot::channel();
         self.tx
             .send(Pending {
-                event,
+                event: Some(event),
+                done: Some(done),
+            })
+            .await
+            .map_err(|_| AuditUnavailable("the audit writer stopped".into()))?;
+        wait.await
+            .map_err(|_| AuditUnavailable("the audit writer stopped".into()))?
+    }
+
+    /// Waits until every event queued before this call, detached ones included, has been
+    /// written; an error if the last of those writes failed (for shutdown).
+    pub async fn flush(&self) -> Result<(), AuditUnavailable> {
+        let (done, wait) = oneshot::channel();
+        self.tx
+            .send(Pending {
+                event: None,
                 done: Some(done),
             })
             .await
@@ -100,7 +116,14 @@ impl AuditLog {
     /// Appends `event` without waiting (for events that must never delay or block a
     /// response, such as a refused token).
     pub fn record_detached(&self, event: AuditEvent) {
-        if self.tx.try_send(Pending { event, done: None }).is_err() {
+        if self
+            .tx
+            .try_send(Pending {
+                event: Some(event),
+                done: None,
+            })
+            .is_err()
+        {
             tracing::warn!("audit queue full; a detached audit event was dropped");
         }
     }
@@ -128,11 +151,11 @@ async fn run(
                 Err(_) => break,
             }
         }
-        let events: Vec<AuditEvent> = batch
-            .iter_mut()
-            .map(|p| std::mem::take(&mut p.event))
-            .collect();
-        let results = if resync {
+        let flushes: Vec<bool> = batch.iter().map(|p| p.event.is_none()).collect();
+        let events: Vec<AuditEvent> = batch.iter_mut().filter_map(|p| p.event.take()).collect();
+        let results = if events.is_empty() {
+            Vec::new()
+        } else if resync {
             match db::audit::last_link(&pool, &chain).await {
                 Ok(last) => {
                     head = last.unwrap_or((0, GENESIS.to_owned()));
@@ -157,10 +180,26 @@ async fn run(
                 "writing audit events failed"
             );
         }
-        healthy.store(failed == 0, std::sync::atomic::Ordering::Relaxed);
-        for (p, r) in batch.drain(..).zip(results) {
+        if !events.is_empty() {
+            healthy.store(failed == 0, std::sync::atomic::Ordering::Relaxed);
+        }
+        let flushed = if resync {
+            Err(AuditUnavailable("the last audit write failed".into()))
+        } else {
+            Ok(())
+        };
+        let mut results = results.into_iter();
+        for (p, flush) in batch.drain(..).zip(flushes) {
+            let r = if flush {
+                flushed.clone()
+            } else {
+                results
+                    .next()
+                    .unwrap_or_else(|| Err("not written".into()))
+                    .map_err(AuditUnavailable)
+            };
             if let Some(done) = p.done {
-                let _ = done.send(r.map_err(AuditUnavailable));
+                let _ = done.send(r);
             }
         }
     }

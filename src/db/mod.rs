@@ -1,10 +1,12 @@
 //! All SQL lives under this module. The rest of the code speaks in domain types.
 
 pub mod admin;
+pub mod assertions;
 pub mod audit;
 pub mod catalog;
 pub mod policy;
 pub mod roles;
+pub mod signin;
 
 use std::str::FromStr;
 use std::time::Duration;

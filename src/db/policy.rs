@@ -8,6 +8,7 @@ use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::record_change;
+use crate::limits::{Limit, Period};
 use crate::policy::snapshot::{
     AgentRecord, ClientRecord, Discovery, GrantRecord, PolicyState, RateLimitRecord, VerifyKey,
 };
@@ -61,15 +62,24 @@ async fn agents(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRecord>> {
     }
     let mut limits: HashMap<Uuid, Vec<RateLimitRecord>> = HashMap::new();
     for r in sqlx::query(
-        "SELECT agent_id, pattern, per_second, burst FROM rate_limits ORDER BY pattern NULLS FIRST",
+        "SELECT agent_id, pattern, rate, period, burst FROM rate_limits ORDER BY pattern NULLS FIRST",
     )
     .fetch_all(&mut *conn)
     .await?
     {
+        let period: String = r.get(3);
+        let limit = Period::parse(&period)
+            .ok_or_else(|| format!("unknown period {period:?}"))
+            .and_then(|p| {
+                let burst = r.get::<Option<i32>, _>(4).map(|b| b.max(0) as u32);
+                Limit::new(r.get(2), p, burst)
+            })
+            // The table's checks admit only what `Limit::new` does; a row that slips past
+            // them is a corrupt database, reported as such rather than served loosely.
+            .map_err(|e| sqlx::Error::Decode(format!("rate_limits row: {e}").into()))?;
         limits.entry(r.get(0)).or_default().push(RateLimitRecord {
             pattern: r.get(1),
-            per_second: r.get::<i32, _>(2) as u32,
-            burst: r.get::<i32, _>(3) as u32,
+            limit,
         });
     }
     let rows = sqlx::query(
@@ -283,12 +293,13 @@ pub async fn set_limits(
         .execute(&mut *conn)
         .await?;
     for l in limits {
-        sqlx::query("INSERT INTO rate_limits (id, agent_id, pattern, per_second, burst) VALUES ($1, $2, $3, $4, $5)")
+        sqlx::query("INSERT INTO rate_limits (id, agent_id, pattern, rate, period, burst) VALUES ($1, $2, $3, $4, $5, $6)")
             .bind(Uuid::now_v7())
             .bind(agent_id)
             .bind(&l.pattern)
-            .bind(l.per_second as i32)
-            .bind(l.burst as i32)
+            .bind(l.limit.count())
+            .bind(l.limit.period().as_str())
+            .bind(l.limit.burst_written().map(|b| b as i32))
             .execute(&mut *conn)
             .await?;
     }

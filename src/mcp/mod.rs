@@ -99,7 +99,8 @@ fn origin(ctx: &RequestContext<RoleServer>) -> Option<RequestOrigin> {
 pub const RATE_LIMITED: i32 = 429;
 
 fn rate_limited(retry_after: std::time::Duration) -> McpError {
-    let ms = retry_after.as_millis().max(1) as u64;
+    // Rounded up, as the REST surface's `Retry-After` is: never an invitation to come back early.
+    let ms = retry_after.as_micros().div_ceil(1000).max(1) as u64;
     McpError::new(
         rmcp::model::ErrorCode(RATE_LIMITED),
         format!("rate limited: retry after {ms} ms"),
@@ -111,6 +112,15 @@ fn refused(r: Refused) -> McpError {
     match r {
         Refused::RateLimited { retry_after } => rate_limited(retry_after),
         Refused::AuditUnavailable(_) => audit_unavailable(),
+        Refused::LimitsUnavailable { retry_after } => {
+            let ms = retry_after.as_millis().max(1) as u64;
+            McpError::internal_error(
+                format!(
+                    "the rate-limit store is unavailable, so the request was not served; retry after {ms} ms"
+                ),
+                Some(serde_json::json!({"retry_after_ms": ms})),
+            )
+        }
         Refused::UnknownTool(name) => {
             McpError::invalid_params(format!("Unknown tool: {name}"), None)
         }
@@ -167,7 +177,7 @@ impl ServerHandler for Gateway {
     ) -> Result<ListToolsResult, McpError> {
         let (principal, origin) = caller(&ctx)?;
         let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
-        gate.admit(EventKind::ToolsList).map_err(refused)?;
+        gate.admit(EventKind::ToolsList).await.map_err(refused)?;
         let visible = gate.visible();
         let after = match request.and_then(|r| r.cursor).filter(|c| !c.is_empty()) {
             Some(c) => Some(decode_cursor(&c)?),
@@ -227,7 +237,7 @@ impl ServerHandler for Gateway {
         if search::is_meta_tool(&request.name) && gate.has_meta_tools() {
             let args = request.arguments.unwrap_or_default();
             return if request.name == search::SEARCH_TOOLS {
-                search_tools(&gate, &args)
+                search_tools(&gate, &args).await
             } else {
                 match search::parse_call(&args) {
                     Ok(c) => call(&gate, &c.name, c.arguments, true).await,
@@ -246,7 +256,7 @@ impl ServerHandler for Gateway {
     ) -> Result<ListPromptsResult, McpError> {
         let (principal, origin) = caller(&ctx)?;
         let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
-        gate.admit(EventKind::PromptsList).map_err(refused)?;
+        gate.admit(EventKind::PromptsList).await.map_err(refused)?;
         Ok(ListPromptsResult::with_all_items(Vec::new())
             .with_ttl_ms(0)
             .with_cache_scope(CacheScope::Private))
@@ -259,7 +269,9 @@ impl ServerHandler for Gateway {
     ) -> Result<ListResourcesResult, McpError> {
         let (principal, origin) = caller(&ctx)?;
         let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
-        gate.admit(EventKind::ResourcesList).map_err(refused)?;
+        gate.admit(EventKind::ResourcesList)
+            .await
+            .map_err(refused)?;
         let resources = apps::resources(&gate);
         gate.disclosed(
             EventKind::ResourcesList,
@@ -278,7 +290,7 @@ impl ServerHandler for Gateway {
     ) -> Result<rmcp::model::GetPromptResponse, McpError> {
         let (principal, origin) = caller(&ctx)?;
         let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
-        gate.admit(EventKind::PromptGet).map_err(refused)?;
+        gate.admit(EventKind::PromptGet).await.map_err(refused)?;
         // The gateway serves no prompts; the list is advertised (empty) for caching clients.
         gate.not_found(EventKind::PromptGet, &format!("prompt:{}", request.name));
         Err(McpError::invalid_params(
@@ -294,7 +306,7 @@ impl ServerHandler for Gateway {
     ) -> Result<rmcp::model::ReadResourceResponse, McpError> {
         let (principal, origin) = caller(&ctx)?;
         let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
-        gate.admit(EventKind::ResourceRead).map_err(refused)?;
+        gate.admit(EventKind::ResourceRead).await.map_err(refused)?;
         match apps::read(&self.state, &gate, &request.uri).await {
             Ok(result) => {
                 gate.disclosed(
@@ -321,7 +333,7 @@ impl ServerHandler for Gateway {
     ) -> Result<rmcp::model::InitializeResult, McpError> {
         let (principal, origin) = caller(&ctx)?;
         let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
-        gate.admit(EventKind::Initialize).map_err(refused)?;
+        gate.admit(EventKind::Initialize).await.map_err(refused)?;
         ctx.peer.set_peer_info(request.clone());
         let mut info = self.negotiate_initialize(&request)?;
         advertise_apps(&gate, &mut info);
@@ -334,7 +346,7 @@ impl ServerHandler for Gateway {
     ) -> Result<rmcp::model::DiscoverResult, McpError> {
         let (principal, origin) = caller(&ctx)?;
         let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
-        gate.admit(EventKind::Initialize).map_err(refused)?;
+        gate.admit(EventKind::Initialize).await.map_err(refused)?;
         let mut info = self.get_info();
         advertise_apps(&gate, &mut info);
         Ok(rmcp::model::DiscoverResult::from_server_info(
@@ -350,7 +362,9 @@ impl ServerHandler for Gateway {
     ) -> Result<ListResourceTemplatesResult, McpError> {
         let (principal, origin) = caller(&ctx)?;
         let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
-        gate.admit(EventKind::ResourcesList).map_err(refused)?;
+        gate.admit(EventKind::ResourcesList)
+            .await
+            .map_err(refused)?;
         Ok(ListResourceTemplatesResult::with_all_items(Vec::new())
             .with_ttl_ms(0)
             .with_cache_scope(CacheScope::Private))
@@ -409,11 +423,11 @@ async fn call(
 
 /// `search_tools`: BM25 over the caller's visible tools only; the hits' definitions as
 /// `structuredContent` and the same JSON as text.
-fn search_tools(
+async fn search_tools(
     gate: &Gate<'_>,
     args: &serde_json::Map<String, Value>,
 ) -> Result<CallToolResponse, McpError> {
-    gate.admit(EventKind::ToolsSearch).map_err(refused)?;
+    gate.admit(EventKind::ToolsSearch).await.map_err(refused)?;
     let request = match search::parse_search(args) {
         Ok(r) => r,
         Err(message) => return Ok(tool_error(message)),

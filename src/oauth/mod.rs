@@ -2,7 +2,6 @@
 //! RFC 8414 / 9728 metadata, JWKS, revocation (RFC 7009) and introspection (RFC 7662).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -89,20 +88,6 @@ pub async fn rotate_key(pool: &PgPool, actor: &str) -> anyhow::Result<String> {
     .await?;
     tx.commit().await?;
     Ok(key.kid)
-}
-
-/// Single-use memory for client-assertion `jti`s (per instance; an assertion lives minutes).
-#[derive(Default)]
-pub struct ReplayCache(Mutex<HashMap<String, i64>>);
-
-impl ReplayCache {
-    /// Records `jti` until `exp`; `false` if it was already used.
-    pub fn first_use(&self, jti: &str, exp: i64) -> bool {
-        let now = Utc::now().timestamp();
-        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        seen.retain(|_, e| *e >= now);
-        seen.insert(jti.to_owned(), exp).is_none()
-    }
 }
 
 /// An OAuth error response (RFC 6749 §5.2).
@@ -355,8 +340,13 @@ async fn verify_assertion(
         assertion_client_id(assertion, form_client_id.map(String::as_str)).ok_or_else(fail)?;
     let client = db::policy::client(&state.db, &client_id)
         .await
-        .ok()
-        .flatten()
+        .map_err(|_| {
+            OAuthError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "temporarily_unavailable",
+                "try again",
+            )
+        })?
         .ok_or_else(fail)?;
     let verified = check_assertion(
         assertion,
@@ -365,11 +355,28 @@ async fn verify_assertion(
         &state.settings.issuer,
     )
     .ok_or_else(fail)?;
-    if !state
-        .replay
-        .first_use(&format!("{client_id}:{}", verified.jti), verified.exp)
+    // Single use across every instance: the id is recorded in Postgres until the assertion
+    // could no longer pass validation. No database, no token: never accept unrecorded.
+    let valid_until = Utc
+        .timestamp_opt(verified.exp + token::CLOCK_LEEWAY_SECS as i64, 0)
+        .single()
+        .ok_or_else(fail)?;
+    match db::assertions::first_use(&state.db, &client.client_id, &verified.jti, valid_until).await
     {
-        return Err(fail());
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(OAuthError::invalid_client(
+                "client assertion already used (its jti was seen before)",
+            ));
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "recording a client assertion id failed");
+            return Err(OAuthError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "temporarily_unavailable",
+                "try again",
+            ));
+        }
     }
     Ok(AuthenticatedClient {
         client_id: client.client_id,
@@ -387,7 +394,7 @@ pub fn assertion_client_id(assertion: &str, form_client_id: Option<&str>) -> Opt
     }
     match (form_client_id, unverified_claim(assertion, "sub")) {
         (Some(f), Some(s)) if f != s => None,
-        (_, s) => s,
+        (_, s) => s.filter(|s| s.len() <= db::assertions::MAX_CLIENT_ID),
     }
 }
 
@@ -438,7 +445,13 @@ pub fn check_assertion(
         .get("iat")
         .and_then(|v| v.as_i64().or_else(|| v.as_f64().map(|f| f as i64)));
     token::check_iat(iat, now).ok()?;
-    let jti = data.claims.get("jti").and_then(Value::as_str)?.to_owned();
+    // The id is stored as it is: a bounded length, and no NUL (which Postgres refuses).
+    let jti = data
+        .claims
+        .get("jti")
+        .and_then(Value::as_str)
+        .filter(|j| !j.is_empty() && j.len() <= db::assertions::MAX_JTI && !j.contains('\0'))?
+        .to_owned();
     Some(VerifiedAssertion {
         jti,
         exp,

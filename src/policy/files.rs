@@ -13,15 +13,8 @@ use super::GrantTarget;
 use super::snapshot::{AgentRecord, Discovery, RateLimitRecord};
 use crate::db;
 use crate::db::policy::{AgentSettings, GroupMeta};
+use crate::limits::LimitForm;
 use crate::pool::Catalog;
-
-/// A rate limit as written in front matter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Limit {
-    pub per_second: u32,
-    pub burst: u32,
-}
 
 /// The YAML front matter of an `agent.md`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -35,11 +28,12 @@ pub struct FrontMatter {
     pub discovery: Option<Discovery>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pinned: Vec<String>,
+    /// For the agent as a whole: `rate_limit: {per_minute: 30, burst: 5}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limit: Option<Limit>,
-    /// Limits per group or exact tool: `tool_limits: {weather: {per_second: 1, burst: 2}}`.
+    pub rate_limit: Option<LimitForm>,
+    /// Limits per group or exact tool: `tool_limits: {weather: {per_second: 0.5, burst: 2}}`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub tool_limits: BTreeMap<String, Limit>,
+    pub tool_limits: BTreeMap<String, LimitForm>,
 }
 
 /// One agent file.
@@ -79,23 +73,23 @@ impl AgentFile {
         }
     }
 
+    /// The limits, checked; one that [`validate`] reports is left out.
     pub fn limits(&self) -> Vec<RateLimitRecord> {
-        let mut out: Vec<RateLimitRecord> = self
+        let agent_wide = self.front.rate_limit.iter().map(|l| (None, l));
+        let per_tool = self
             .front
-            .rate_limit
+            .tool_limits
             .iter()
-            .map(|l| RateLimitRecord {
-                pattern: None,
-                per_second: l.per_second,
-                burst: l.burst,
+            .map(|(p, l)| (Some(p.clone()), l));
+        agent_wide
+            .chain(per_tool)
+            .filter_map(|(pattern, form)| {
+                Some(RateLimitRecord {
+                    pattern,
+                    limit: form.parse().ok()?,
+                })
             })
-            .collect();
-        out.extend(self.front.tool_limits.iter().map(|(p, l)| RateLimitRecord {
-            pattern: Some(p.clone()),
-            per_second: l.per_second,
-            burst: l.burst,
-        }));
-        out
+            .collect()
     }
 }
 
@@ -339,12 +333,9 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
     (out, problems)
 }
 
-/// The largest `per_second` or `burst` accepted: the database stores them as 32-bit integers,
-/// and no sensible limit comes near.
-pub const MAX_RATE: u32 = 1_000_000;
-
 /// Finds what the database would refuse, before it is touched: grants and limit patterns that
-/// are not group or tool names, limits of zero or beyond [`MAX_RATE`], text with NUL bytes.
+/// are not group or tool names, limits that are not one positive count per second, minute or
+/// hour with a whole burst (see [`LimitForm::parse`]), text with NUL bytes.
 /// `apply` stops on any of these, with or without `--strict`; `check` reports them too.
 pub fn validate(policies: &PolicyDir) -> Vec<Problem> {
     let mut problems = Vec::new();
@@ -377,16 +368,8 @@ pub fn validate(policies: &PolicyDir) -> Vec<Problem> {
             .map(|l| ("rate_limit", l))
             .chain(agent.front.tool_limits.iter().map(|(p, l)| (p.as_str(), l)));
         for (key, l) in limits {
-            if l.per_second == 0 || l.burst == 0 {
-                problems.push(at(
-                    agent.line_of(key),
-                    format!("`{key}`: rate limits need per_second and burst of at least 1"),
-                ));
-            } else if l.per_second > MAX_RATE || l.burst > MAX_RATE {
-                problems.push(at(
-                    agent.line_of(key),
-                    format!("`{key}`: per_second and burst may be at most {MAX_RATE}"),
-                ));
+            if let Err(e) = l.parse() {
+                problems.push(at(agent.line_of(key), format!("`{key}`: {e}")));
             }
         }
         let texts = [
@@ -595,14 +578,7 @@ impl fmt::Display for Change {
             Change::SetLimits { agent, after, .. } => {
                 let parts: Vec<String> = after
                     .iter()
-                    .map(|l| {
-                        format!(
-                            "{}: {}/s burst {}",
-                            l.pattern.as_deref().unwrap_or("*"),
-                            l.per_second,
-                            l.burst
-                        )
-                    })
+                    .map(|l| format!("{}: {}", l.pattern.as_deref().unwrap_or("*"), l.limit))
                     .collect();
                 write!(f, "~ rate limits {agent}: [{}]", parts.join(", "))
             }
@@ -857,10 +833,7 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
         let mut tool_limits = BTreeMap::new();
         let mut rate_limit = None;
         for l in &a.limits {
-            let limit = Limit {
-                per_second: l.per_second,
-                burst: l.burst,
-            };
+            let limit = LimitForm::from(l.limit);
             match &l.pattern {
                 None => rate_limit = Some(limit),
                 Some(p) => {

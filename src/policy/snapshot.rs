@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{GrantTarget, may_use};
+use crate::limits::{Limit, LimitForm};
 use crate::pool::{Catalog, Tool};
 use crate::search::SearchIndex;
 
@@ -57,12 +58,61 @@ pub struct GrantRecord {
     pub created_at: DateTime<Utc>,
 }
 
-/// A rate limit as stored: for the whole agent when `pattern` is `None`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A rate limit as stored: for the whole agent when `pattern` is `None`. In JSON it is the
+/// written form with the pattern beside it: `{"pattern": "weather", "per_minute": 30, "burst": 5}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimitRecord {
     pub pattern: Option<String>,
-    pub per_second: u32,
-    pub burst: u32,
+    pub limit: Limit,
+}
+
+/// The JSON form. Written out rather than flattened: serde cannot deny unknown fields
+/// through `flatten`, and a misspelt `per_minut` must be an error, not an absent key.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitJson {
+    pattern: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    per_second: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    per_minute: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    per_hour: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    burst: Option<f64>,
+}
+
+impl Serialize for RateLimitRecord {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("pattern", &self.pattern)?;
+        // The limit's own form, so numbers are written as the admin wrote them.
+        let form = serde_json::to_value(self.limit).map_err(serde::ser::Error::custom)?;
+        if let serde_json::Value::Object(o) = form {
+            for (k, v) in o {
+                m.serialize_entry(&k, &v)?;
+            }
+        }
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for RateLimitRecord {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let j = RateLimitJson::deserialize(d)?;
+        let form = LimitForm {
+            per_second: j.per_second,
+            per_minute: j.per_minute,
+            per_hour: j.per_hour,
+            burst: j.burst,
+        };
+        let limit = form.parse().map_err(serde::de::Error::custom)?;
+        Ok(Self {
+            pattern: j.pattern,
+            limit,
+        })
+    }
 }
 
 /// An agent as stored, with its grants and limits.

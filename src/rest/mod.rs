@@ -2,6 +2,7 @@
 //! merged OpenAPI document of what the caller may use at `GET /openapi.json`.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -161,16 +162,32 @@ async fn call_operation(
     }
 }
 
+/// `Retry-After` in whole seconds (rounded up, at least 1) and the same wait in milliseconds
+/// (rounded up), so the header and the body never disagree about when to come back.
+fn retry_figures(wait: Duration) -> (u64, u64) {
+    let ms = wait.as_micros().div_ceil(1000).max(1) as u64;
+    (ms.div_ceil(1000), ms)
+}
+
 /// The answer to a request the gate refused.
 fn refused(r: Refused) -> Response {
     match r {
         Refused::UnknownTool(_) => not_found(),
         Refused::RateLimited { retry_after } => {
-            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            let (secs, ms) = retry_figures(retry_after);
             (
                 StatusCode::TOO_MANY_REQUESTS,
                 [(header::RETRY_AFTER, secs.to_string())],
-                Json(json!({"error": "rate limited", "retry_after_ms": retry_after.as_millis() as u64})),
+                Json(json!({"error": "rate limited", "retry_after_ms": ms})),
+            )
+                .into_response()
+        }
+        Refused::LimitsUnavailable { retry_after } => {
+            let (secs, ms) = retry_figures(retry_after);
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, secs.to_string())],
+                Json(json!({"error": "the rate-limit store is unavailable, so the request was not served; retry shortly", "retry_after_ms": ms})),
             )
                 .into_response()
         }
@@ -355,7 +372,7 @@ async fn openapi(
 ) -> Response {
     let origin = origin.map(|Extension(o)| o);
     let gate = Gate::new(&state, &principal, Surface::Rest, origin.as_ref());
-    if let Err(r) = gate.admit(EventKind::OpenApi) {
+    if let Err(r) = gate.admit(EventKind::OpenApi).await {
         return refused(r);
     }
     let mut paths: BTreeMap<String, Map<String, Value>> = BTreeMap::new();

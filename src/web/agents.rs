@@ -126,8 +126,9 @@ pub struct ToolRow {
 
 pub struct LimitRow {
     pub scope: String,
-    pub per_second: u32,
-    pub burst: u32,
+    /// As written: `30 per minute`.
+    pub rate: String,
+    pub burst: String,
 }
 
 pub struct ClientRow {
@@ -265,8 +266,8 @@ pub async fn show(
             .iter()
             .map(|l| LimitRow {
                 scope: l.pattern.clone().unwrap_or_default(),
-                per_second: l.per_second,
-                burst: l.burst,
+                rate: super::limits::rate_text(&l.limit),
+                burst: super::limits::burst_text(&l.limit),
             })
             .collect(),
         clients,

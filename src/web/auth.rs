@@ -1,7 +1,5 @@
 //! Sign-in and sign-out.
 
-use std::sync::Arc;
-
 use askama::Template;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -11,8 +9,8 @@ use serde::Deserialize;
 
 use super::error::WebError;
 use super::session::{
-    self, Admin, LOGIN_COOKIE, LoginLimiter, SESSION_COOKIE, SESSION_HOURS, client_ip,
-    random_token, same_token, set_cookie, sha256_hex,
+    self, Admin, LOGIN_COOKIE, SESSION_COOKIE, SESSION_HOURS, client_ip, random_token, same_token,
+    set_cookie, sha256_hex,
 };
 use super::view::render_status;
 use crate::app::AppState;
@@ -114,7 +112,6 @@ fn login_event(outcome: Outcome, username: &str, origin: Option<&RequestOrigin>)
 
 pub async fn login_submit(
     State(state): State<AppState>,
-    Extension(limiter): Extension<Arc<LoginLimiter>>,
     headers: HeaderMap,
     origin: Option<Extension<RequestOrigin>>,
     Form(form): Form<LoginForm>,
@@ -144,7 +141,7 @@ pub async fn login_submit(
         );
     }
     let ip = client_ip(origin.as_ref());
-    if let Err(wait) = limiter.check(ip, &form.username) {
+    if let Err(wait) = session::throttle_sign_in(&state.db, ip, &form.username).await? {
         let secs = wait.as_secs().max(1);
         let mut r = retry(
             &format!("Too many sign-in attempts. Wait {secs} seconds and try again."),

@@ -14,13 +14,27 @@ use super::grants::{CatalogOption, catalog_options};
 use super::session::redirect_with;
 use super::view::{Ctx, Flash, Nav, PageCtx, render, render_status};
 use crate::app::AppState;
+use crate::limits::{Limit, LimitForm, Period};
 use crate::policy::snapshot::RateLimitRecord;
 use crate::service::{self, ServiceError};
 
 pub struct AgentLimits {
     pub agent: String,
-    /// (scope, per second, burst); an empty scope is the whole agent.
-    pub limits: Vec<(String, u32, u32)>,
+    /// (scope, rate, burst) as shown; an empty scope is the whole agent.
+    pub limits: Vec<(String, String, String)>,
+}
+
+/// A limit's rate as written: `30 per minute`, `0.5 per second`.
+pub fn rate_text(l: &Limit) -> String {
+    format!("{} per {}", l.count(), l.period().as_str())
+}
+
+/// A limit's burst as written, or the default in force when none was.
+pub fn burst_text(l: &Limit) -> String {
+    match l.burst_written() {
+        Some(b) => b.to_string(),
+        None => format!("{} (default)", l.burst()),
+    }
 }
 
 #[derive(Template)]
@@ -43,7 +57,13 @@ pub async fn index(State(state): State<AppState>, ctx: Ctx) -> Result<Response, 
                     .record
                     .limits
                     .iter()
-                    .map(|l| (l.pattern.clone().unwrap_or_default(), l.per_second, l.burst))
+                    .map(|l| {
+                        (
+                            l.pattern.clone().unwrap_or_default(),
+                            rate_text(&l.limit),
+                            burst_text(&l.limit),
+                        )
+                    })
                     .collect(),
             })
             .collect(),
@@ -54,15 +74,36 @@ pub async fn index(State(state): State<AppState>, ctx: Ctx) -> Result<Response, 
 pub struct LimitInput {
     pub index: usize,
     pub pattern: String,
-    pub per_second: String,
+    /// The count, as typed (`30`, `0.5`).
+    pub rate: String,
+    /// `second`, `minute` or `hour`.
+    pub period: String,
+    /// Empty: the default (the count, rounded up).
     pub burst: String,
 }
 
 impl LimitInput {
+    fn blank(index: usize) -> Self {
+        Self {
+            index,
+            pattern: String::new(),
+            rate: String::new(),
+            period: Period::Second.as_str().to_owned(),
+            burst: String::new(),
+        }
+    }
+
     fn is_blank(&self) -> bool {
-        self.pattern.is_empty() && self.per_second.is_empty() && self.burst.is_empty()
+        self.pattern.is_empty() && self.rate.is_empty() && self.burst.is_empty()
     }
 }
+
+/// The periods offered in the editor: (value, label).
+pub const PERIODS: [(&str, &str); 3] = [
+    ("second", "per second"),
+    ("minute", "per minute"),
+    ("hour", "per hour"),
+];
 
 #[derive(Template)]
 #[template(path = "admin/limits/edit.html")]
@@ -85,12 +126,7 @@ fn edit_page(
     error: Option<String>,
 ) -> EditPage {
     let start = rows.len();
-    rows.extend((0..BLANK_ROWS).map(|i| LimitInput {
-        index: start + i,
-        pattern: String::new(),
-        per_second: String::new(),
-        burst: String::new(),
-    }));
+    rows.extend((0..BLANK_ROWS).map(|i| LimitInput::blank(start + i)));
     // Keep indices dense after a failed submit dropped removed rows.
     for (i, r) in rows.iter_mut().enumerate() {
         r.index = i;
@@ -121,14 +157,20 @@ pub async fn edit(
         .map(|(i, l)| LimitInput {
             index: i,
             pattern: l.pattern.clone().unwrap_or_default(),
-            per_second: l.per_second.to_string(),
-            burst: l.burst.to_string(),
+            rate: l.limit.count().to_string(),
+            period: l.limit.period().as_str().to_owned(),
+            burst: l
+                .limit
+                .burst_written()
+                .map(|b| b.to_string())
+                .unwrap_or_default(),
         })
         .collect();
     render(&edit_page(&ctx, &state, &name, rows, None))
 }
 
-/// Reads the indexed rows (`pattern_3`, `per_second_3`, `burst_3`, `remove_3`) of the form.
+/// Reads the indexed rows (`pattern_3`, `rate_3`, `period_3`, `burst_3`, `remove_3`) of the
+/// form.
 fn read_rows(
     fields: &[(String, String)],
 ) -> (Vec<LimitInput>, Result<Vec<RateLimitRecord>, String>) {
@@ -140,20 +182,13 @@ fn read_rows(
         let Ok(index) = index.parse::<usize>() else {
             continue;
         };
-        let (row, remove) = by_index.entry(index).or_insert_with(|| {
-            (
-                LimitInput {
-                    index,
-                    pattern: String::new(),
-                    per_second: String::new(),
-                    burst: String::new(),
-                },
-                false,
-            )
-        });
+        let (row, remove) = by_index
+            .entry(index)
+            .or_insert_with(|| (LimitInput::blank(index), false));
         match field {
             "pattern" => row.pattern = value.trim().to_owned(),
-            "per_second" => row.per_second = value.trim().to_owned(),
+            "rate" => row.rate = value.trim().to_owned(),
+            "period" => row.period = value.trim().to_owned(),
             "burst" => row.burst = value.trim().to_owned(),
             "remove" => *remove = true,
             _ => {}
@@ -185,13 +220,32 @@ fn read_rows(
                 format!("the limit on `{}`", r.pattern)
             };
             let number = |v: &str, what: &str| {
-                v.parse::<u32>()
-                    .map_err(|_| format!("{what} of {scope} must be a whole number, not `{v}`"))
+                v.parse::<f64>()
+                    .map_err(|_| format!("{what} of {scope} must be a number, not `{v}`"))
             };
+            let count = number(&r.rate, "The rate")?;
+            let burst = match r.burst.as_str() {
+                "" => None,
+                b => Some(number(b, "The burst")?),
+            };
+            let mut form = LimitForm {
+                burst,
+                ..LimitForm::default()
+            };
+            match Period::parse(&r.period) {
+                Some(Period::Second) => form.per_second = Some(count),
+                Some(Period::Minute) => form.per_minute = Some(count),
+                Some(Period::Hour) => form.per_hour = Some(count),
+                None => {
+                    return Err(format!(
+                        "The period of {scope} must be second, minute or hour"
+                    ));
+                }
+            }
+            let limit = form.parse().map_err(|e| format!("In {scope}: {e}"))?;
             Ok(RateLimitRecord {
                 pattern: (!r.pattern.is_empty()).then(|| r.pattern.clone()),
-                per_second: number(&r.per_second, "Requests per second")?,
-                burst: number(&r.burst, "The burst")?,
+                limit,
             })
         })
         .collect();

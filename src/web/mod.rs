@@ -18,8 +18,6 @@ mod tools;
 pub mod users;
 mod view;
 
-use std::sync::Arc;
-
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, header};
@@ -37,7 +35,6 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
 
 /// `/admin/...` and `/static/...`.
 pub fn router(state: AppState) -> Router<AppState> {
-    let limiter = Arc::new(session::LoginLimiter::new());
     let protected = Router::new()
         .route("/", get(dashboard::show))
         .route("/agents", get(agents::index).post(agents::create))
@@ -75,8 +72,7 @@ pub fn router(state: AppState) -> Router<AppState> {
     let admin = Router::new()
         .route("/login", get(auth::login_form).post(auth::login_submit))
         .merge(protected)
-        .fallback(not_found)
-        .layer(axum::Extension(limiter));
+        .fallback(not_found);
     Router::new()
         .route("/admin/", get(|| async { Redirect::permanent("/admin") }))
         .nest("/admin", admin)

@@ -6,7 +6,6 @@
 //! every state-changing request and refuses changes to anyone but an `admin`.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -17,8 +16,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
@@ -271,55 +268,59 @@ pub fn redirect_with(state: &AppState, to: &str, flash: Flash) -> Response {
     r
 }
 
-/// Sign-in attempts per client IP and per username, in this process.
-pub struct LoginLimiter {
-    by_ip: DefaultKeyedRateLimiter<IpAddr>,
-    by_user: DefaultKeyedRateLimiter<String>,
-    clock: DefaultClock,
-}
+/// Sign-in attempts per client IP, then one more every 6 s.
+pub const SIGN_IN_PER_IP: (u32, Duration) = (10, Duration::from_secs(6));
+/// Sign-in attempts per username, then one more every 12 s.
+pub const SIGN_IN_PER_USER: (u32, Duration) = (5, Duration::from_secs(12));
+/// Only this much of a username is a throttle key (as much as an account name may hold).
+const MAX_USER_KEY: usize = 64;
 
-fn quota(every_secs: u64, burst: u32) -> Quota {
-    Quota::with_period(Duration::from_secs(every_secs))
-        .unwrap_or_else(|| Quota::per_minute(NonZeroU32::MIN))
-        .allow_burst(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN))
-}
-
-impl Default for LoginLimiter {
-    fn default() -> Self {
-        Self::new()
+/// Takes one sign-in attempt from `ip` for `username`, counted in Postgres so that every
+/// instance counts together; the wait before the next when either limit is spent.
+///
+/// Every attempt counts, right or wrong, as a person signs in a handful of times a day. The
+/// source is charged first and, when it is refused, the username is not: one address cannot
+/// spend someone's budget (or add rows) faster than its own allows. IPv6 counts per /64.
+pub async fn throttle_sign_in(
+    db: &sqlx::PgPool,
+    ip: IpAddr,
+    username: &str,
+) -> sqlx::Result<Result<(), Duration>> {
+    let ip_key = format!("ip:{}", crate::limits::source_key(ip));
+    let (burst, every) = SIGN_IN_PER_IP;
+    if let Err(wait) = db::signin::charge(db, &ip_key, every, burst).await? {
+        return Ok(Err(wait));
     }
+    let (burst, every) = SIGN_IN_PER_USER;
+    db::signin::charge(db, &user_key(username), every, burst).await
 }
 
-impl LoginLimiter {
-    /// Ten tries per IP, then one every 6 s; five per username, then one every 12 s.
-    pub fn new() -> Self {
-        Self {
-            by_ip: RateLimiter::keyed(quota(6, 10)),
-            by_user: RateLimiter::keyed(quota(12, 5)),
-            clock: DefaultClock::default(),
-        }
-    }
+/// The throttle key of a username: case folded, bounded, without the NUL Postgres refuses.
+fn user_key(username: &str) -> String {
+    let name: String = username
+        .to_lowercase()
+        .chars()
+        .map(|c| {
+            if c == '\0' {
+                char::REPLACEMENT_CHARACTER
+            } else {
+                c
+            }
+        })
+        .take(MAX_USER_KEY)
+        .collect();
+    let key = format!("user:{name}");
+    debug_assert!(key.chars().count() <= db::signin::MAX_KEY);
+    key
+}
 
-    /// Takes one attempt; the wait before the next when either limit is exhausted.
-    pub fn check(&self, ip: IpAddr, username: &str) -> Result<(), Duration> {
-        // Keep memory bounded under a spray of addresses or names.
-        if self.by_ip.len() > 10_000 || self.by_user.len() > 10_000 {
-            self.by_ip.retain_recent();
-            self.by_user.retain_recent();
-        }
-        let now = self.clock.now();
-        let ip_result = self.by_ip.check_key(&ip);
-        let user_result = self
-            .by_user
-            .check_key(&username.to_lowercase().chars().take(64).collect());
-        let wait = [ip_result.err(), user_result.err()]
-            .into_iter()
-            .flatten()
-            .map(|n| n.wait_time_from(now))
-            .max();
-        match wait {
-            Some(w) => Err(w),
-            None => Ok(()),
-        }
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_username_key_is_bounded_and_storable() {
+        let key = super::user_key(&format!("ADA\0{}", "x".repeat(500)));
+        assert!(key.starts_with("user:ada\u{fffd}x"));
+        assert_eq!(key.chars().count(), "user:".len() + super::MAX_USER_KEY);
+        assert!(!key.contains('\0'));
     }
 }

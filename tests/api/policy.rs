@@ -156,9 +156,9 @@ async fn apply_refuses_invalid_grants_and_limits_with_file_and_line(pool: PgPool
     for expected in [
         format!("{file}:5: `weather current` is not a valid group name"),
         format!("{file}:6: `../etc` is not a valid group name"),
-        format!("{file}:7: `rate_limit`: rate limits need per_second and burst of at least 1"),
+        format!("{file}:7: `rate_limit`: per_second must be a number above 0"),
         format!("{file}:9: `se arch` in tool_limits is not a group or tool name"),
-        format!("{file}:9: `se arch`: per_second and burst may be at most 1000000"),
+        format!("{file}:9: `se arch`: burst must be a whole number from 1 to 1000000"),
     ] {
         assert!(
             shown.iter().any(|s| s.starts_with(&expected)),
@@ -208,7 +208,112 @@ async fn apply_refuses_invalid_grants_and_limits_with_file_and_line(pool: PgPool
     let stdout = String::from_utf8_lossy(&check.stdout);
     assert!(!check.status.success());
     assert!(
-        stdout.contains(&format!("{file}:9: `se arch`: per_second")),
+        stdout.contains(&format!("{file}:9: `se arch`: burst must be")),
         "{stdout}"
     );
+}
+
+#[test]
+fn policy_check_locates_each_bad_rate_by_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent_dir = dir.path().join("policies/agents/rates");
+    std::fs::create_dir_all(&agent_dir).unwrap();
+    std::fs::write(
+        agent_dir.join("agent.md"),
+        "---\ntools: [weather__current]\nrate_limit: {per_second: 1, per_minute: 60}\ntool_limits:\n  search: {per_hour: .nan}\n  weather: {per_second: -2}\n  weather__forecast: {per_minute: 30, burst: 0}\n---\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["policy", "check", "--dir"])
+        .arg(dir.path().join("policies"))
+        .arg("--tools-dir")
+        .arg(repo_path("tools"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    let file = "policies/agents/rates/agent.md";
+    for expected in [
+        format!(
+            "{file}:3: `rate_limit`: give only one of per_second, per_minute or per_hour, not per_second and per_minute"
+        ),
+        format!("{file}:5: `search`: per_hour must be a number above 0, not NaN"),
+        format!("{file}:6: `weather`: per_second must be a number above 0, not -2"),
+        format!(
+            "{file}:7: `weather__forecast`: burst must be a whole number from 1 to 1000000, not 0"
+        ),
+    ] {
+        assert!(
+            stdout.contains(&expected),
+            "missing {expected:?} in {stdout}"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn fractional_limits_keep_their_written_form_through_api_export_and_apply(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let limits = serde_json::json!({"rate_limits": [
+        {"pattern": null, "per_minute": 1.5},
+        {"pattern": "weather", "per_hour": 100, "burst": 10},
+        {"pattern": "weather__current", "per_second": 0.2, "burst": 1},
+    ]});
+    let put = app
+        .admin(
+            "PUT",
+            "/api/v1/agents/meteo/rate-limits",
+            Some(limits.clone()),
+        )
+        .await;
+    assert_eq!(put.status, http::StatusCode::OK, "{}", put.text);
+    assert_eq!(
+        put.body, limits,
+        "the API shows a limit other than as written"
+    );
+    let got = app
+        .admin("GET", "/api/v1/agents/meteo/rate-limits", None)
+        .await;
+    assert_eq!(got.body, limits);
+
+    for bad in [
+        serde_json::json!({"per_second": 1, "per_minute": 60}),
+        serde_json::json!({"per_second": 0}),
+        serde_json::json!({"per_hour": -1}),
+        serde_json::json!({"per_second": 1, "burst": 0}),
+        serde_json::json!({"burst": 3}),
+    ] {
+        let r = app
+            .admin(
+                "PUT",
+                "/api/v1/agents/meteo/rate-limits",
+                Some(serde_json::json!({"rate_limits": [bad]})),
+            )
+            .await;
+        assert!(r.status.is_client_error(), "{bad} accepted: {}", r.text);
+        assert!(
+            r.text.contains("per_") || r.text.contains("burst"),
+            "{bad}: no reason given: {}",
+            r.text
+        );
+    }
+
+    let out = tempfile::tempdir().unwrap();
+    toolgate::policy::files::export(&pool, out.path())
+        .await
+        .unwrap();
+    let meteo = std::fs::read_to_string(out.path().join("agents/meteo/agent.md")).unwrap();
+    assert!(meteo.contains("per_minute: 1.5"), "{meteo}");
+    assert!(meteo.contains("per_hour: 100\n"), "{meteo}");
+    assert!(meteo.contains("per_second: 0.2"), "{meteo}");
+    let report = toolgate::policy::files::apply_dir(
+        &pool,
+        out.path(),
+        &app.state.policy.catalog(),
+        "test",
+        true,
+        false,
+    )
+    .await
+    .unwrap();
+    assert!(report.changes.is_empty(), "{:?}", report.changes);
 }

@@ -702,7 +702,8 @@ async fn rate_limits_are_edited_per_agent_and_per_tool(pool: PgPool) {
             "/admin/agents/meteo/limits",
             &[
                 ("pattern_0", ""),
-                ("per_second_0", "many"),
+                ("rate_0", "many"),
+                ("period_0", "second"),
                 ("burst_0", "10"),
             ],
         )
@@ -713,13 +714,16 @@ async fn rate_limits_are_edited_per_agent_and_per_tool(pool: PgPool) {
             "/admin/agents/meteo/limits",
             &[
                 ("pattern_0", ""),
-                ("per_second_0", "7"),
+                ("rate_0", "7"),
+                ("period_0", "second"),
                 ("burst_0", "14"),
                 ("pattern_1", "weather__forecast"),
-                ("per_second_1", "1"),
-                ("burst_1", "2"),
+                ("rate_1", "1.5"),
+                ("period_1", "minute"),
+                ("burst_1", ""),
                 ("pattern_2", ""),
-                ("per_second_2", ""),
+                ("rate_2", ""),
+                ("period_2", "second"),
                 ("burst_2", ""),
             ],
         )
@@ -727,8 +731,7 @@ async fn rate_limits_are_edited_per_agent_and_per_tool(pool: PgPool) {
 
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(
-        bad.text
-            .contains("must be a whole number, not <code>many</code>"),
+        bad.text.contains("must be a number, not <code>many</code>"),
         "{}",
         bad.text
     );
@@ -743,10 +746,20 @@ async fn rate_limits_are_edited_per_agent_and_per_tool(pool: PgPool) {
         .limits
         .clone();
     assert_eq!(limits.len(), 2);
-    assert_eq!(limits[0].per_second, 7);
+    assert_eq!(limits[0].limit.to_string(), "7/second burst 14");
     assert_eq!(limits[1].pattern.as_deref(), Some("weather__forecast"));
+    assert_eq!(limits[1].limit.to_string(), "1.5/minute");
     let overview = b.get("/admin/limits").await.text;
     assert!(overview.contains("<code>weather__forecast</code>"));
+    // Shown as written, the unwritten burst as the default in force.
+    assert!(overview.contains("1.5 per minute"), "{overview}");
+    assert!(overview.contains("2 (default)"), "{overview}");
+    let editor = b.get("/admin/agents/meteo/limits").await.text;
+    assert!(editor.contains(r#"value="1.5""#), "{editor}");
+    assert!(
+        editor.contains(r#"<option value="minute" selected>"#),
+        "{editor}"
+    );
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]

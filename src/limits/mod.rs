@@ -1,7 +1,14 @@
 //! Rate limits: per agent, per agent × tool pattern (both from the policy snapshot), per
 //! client IP on the token endpoint, and failed credential checks per source IP and per
-//! client id. Counters live in this process: with several instances each enforces the limit on
-//! its own share of the traffic.
+//! client id.
+//!
+//! The agent limits are counted in Redis when a store is configured ([`SharedStore`]), so
+//! every instance draws on one budget; otherwise, and while the store is down in the `open`
+//! failure mode, in this process, where each instance enforces the limit on its own share of
+//! the traffic. The credential and token-endpoint limits are always per instance.
+
+pub mod rate;
+mod shared;
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -13,6 +20,9 @@ use std::time::{Duration, Instant};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 
+pub use rate::{Limit, LimitForm, MAX_RATE, Period};
+pub use shared::{FailureMode, SharedStore, StoreSettings};
+
 use crate::policy::GrantTarget;
 use crate::policy::snapshot::{AgentView, RateLimitRecord};
 
@@ -22,10 +32,28 @@ fn quota(per_second: u32, burst: u32) -> Quota {
     Quota::per_second(rate).allow_burst(burst)
 }
 
+/// The in-process quota of a limit: one request per interval, `burst` at once.
+fn limit_quota(limit: &Limit) -> Quota {
+    let burst = NonZeroU32::new(limit.burst()).unwrap_or(NonZeroU32::MIN);
+    Quota::with_period(limit.interval())
+        .unwrap_or_else(|| Quota::per_second(NonZeroU32::MIN))
+        .allow_burst(burst)
+}
+
 type Key = (String, Option<String>);
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A limit is exhausted: retry after this long.
+    Exhausted(Duration),
+    /// The shared store could not be asked and the failure mode is `closed`.
+    StoreUnavailable(Duration),
+}
 
 pub struct RateLimits {
     agents: Mutex<HashMap<Key, (RateLimitRecord, Arc<DefaultDirectRateLimiter>)>>,
+    shared: Option<SharedStore>,
     token_ip: DefaultKeyedRateLimiter<IpAddr>,
     failed_by_ip: Failures<IpAddr>,
     failed_by_client: Failures<String>,
@@ -98,7 +126,7 @@ impl<K: Eq + Hash + Clone> Failures<K> {
 }
 
 /// The address a failure is charged to: IPv6 by /64, since one host usually holds a whole /64.
-fn source_key(ip: IpAddr) -> IpAddr {
+pub fn source_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => {
             let mut o = v6.octets();
@@ -141,9 +169,20 @@ impl CredentialAttempt<'_> {
 }
 
 impl RateLimits {
+    /// Limits counted in this process only.
     pub fn new(token_per_second: u32, token_burst: u32) -> Self {
+        Self::with_store(token_per_second, token_burst, None)
+    }
+
+    /// Agent limits counted in `shared` when given.
+    pub fn with_store(
+        token_per_second: u32,
+        token_burst: u32,
+        shared: Option<SharedStore>,
+    ) -> Self {
         Self {
             agents: Mutex::new(HashMap::new()),
+            shared,
             token_ip: RateLimiter::keyed(quota(token_per_second, token_burst)),
             failed_by_ip: Failures::new(FAILURES_PER_IP),
             failed_by_client: Failures::new(FAILURES_PER_CLIENT),
@@ -184,7 +223,7 @@ impl RateLimits {
             // An edited limit starts a fresh bucket; an unchanged one keeps counting.
             Some((rec, l)) if rec == limit => l.clone(),
             _ => {
-                let l = Arc::new(RateLimiter::direct(quota(limit.per_second, limit.burst)));
+                let l = Arc::new(RateLimiter::direct(limit_quota(&limit.limit)));
                 map.insert(key, (limit.clone(), l.clone()));
                 l
             }
@@ -192,19 +231,41 @@ impl RateLimits {
     }
 
     /// Takes one request from every limit that applies to `agent` (and `tool`, when the
-    /// request is a call); the wait before retrying when any is exhausted.
-    pub fn check(&self, agent: &AgentView, tool: Option<&str>) -> Result<(), Duration> {
-        let mut wait = Duration::ZERO;
-        for limit in &agent.record.limits {
-            let applies = match (&limit.pattern, tool) {
+    /// request is a call), or says why not. With a shared store, all of them in one atomic
+    /// step there: a request refused by one limit is charged to none.
+    pub async fn check(&self, agent: &AgentView, tool: Option<&str>) -> Result<(), Refusal> {
+        let applying: Vec<&RateLimitRecord> = agent
+            .record
+            .limits
+            .iter()
+            .filter(|limit| match (&limit.pattern, tool) {
                 (None, _) => true,
                 (Some(p), Some(t)) => GrantTarget::parse(p).is_ok_and(|g| g.matches(t)),
                 (Some(_), None) => false,
-            };
-            if !applies {
-                continue;
+            })
+            .collect();
+        if applying.is_empty() {
+            return Ok(());
+        }
+        if let Some(shared) = &self.shared {
+            match shared.check(&agent.record.name, &applying).await {
+                Some(verdict) => return verdict.map_err(Refusal::Exhausted),
+                None if shared.mode() == FailureMode::Closed => {
+                    return Err(Refusal::StoreUnavailable(shared::CLOSED_RETRY_AFTER));
+                }
+                None => {}
             }
-            if let Err(not_until) = self.limiter(&agent.record.name, limit).check() {
+        }
+        self.check_local(&agent.record.name, &applying)
+            .map_err(Refusal::Exhausted)
+    }
+
+    /// The in-process check. `governor` cannot test a limiter without charging it, so here
+    /// a request refused by one limit may still have been charged to another.
+    fn check_local(&self, agent: &str, applying: &[&RateLimitRecord]) -> Result<(), Duration> {
+        let mut wait = Duration::ZERO;
+        for limit in applying {
+            if let Err(not_until) = self.limiter(agent, limit).check() {
                 wait = wait.max(not_until.wait_time_from(self.clock.now()));
             }
         }
@@ -250,18 +311,37 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_burst_beyond_the_limit_is_refused_with_a_wait() {
+    fn record(pattern: Option<&str>, count: f64, period: Period, burst: u32) -> RateLimitRecord {
+        RateLimitRecord {
+            pattern: pattern.map(str::to_owned),
+            limit: Limit::new(count, period, Some(burst)).unwrap(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_burst_beyond_the_limit_is_refused_with_a_wait() {
         let limits = RateLimits::new(10, 10);
-        let a = agent(vec![RateLimitRecord {
-            pattern: None,
-            per_second: 1,
-            burst: 2,
-        }]);
-        assert!(limits.check(&a, Some("x__y")).is_ok());
-        assert!(limits.check(&a, Some("x__y")).is_ok());
-        let wait = limits.check(&a, Some("x__y")).unwrap_err();
+        let a = agent(vec![record(None, 1.0, Period::Second, 2)]);
+        assert!(limits.check(&a, Some("x__y")).await.is_ok());
+        assert!(limits.check(&a, Some("x__y")).await.is_ok());
+        let Err(Refusal::Exhausted(wait)) = limits.check(&a, Some("x__y")).await else {
+            panic!("the third request passed")
+        };
         assert!(wait > Duration::ZERO && wait <= Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn a_fractional_rate_per_minute_waits_its_interval() {
+        let limits = RateLimits::new(10, 10);
+        let a = agent(vec![record(None, 1.5, Period::Minute, 1)]);
+        assert!(limits.check(&a, None).await.is_ok());
+        let Err(Refusal::Exhausted(wait)) = limits.check(&a, None).await else {
+            panic!("the second request passed")
+        };
+        assert!(
+            wait > Duration::from_secs(39) && wait <= Duration::from_secs(40),
+            "{wait:?}"
+        );
     }
 
     #[test]
@@ -306,16 +386,12 @@ mod tests {
         assert!(limits.credential_attempt(Some(same_64), None).is_err());
     }
 
-    #[test]
-    fn a_tool_pattern_limit_applies_only_to_its_tools() {
+    #[tokio::test]
+    async fn a_tool_pattern_limit_applies_only_to_its_tools() {
         let limits = RateLimits::new(10, 10);
-        let a = agent(vec![RateLimitRecord {
-            pattern: Some("weather".into()),
-            per_second: 1,
-            burst: 1,
-        }]);
-        assert!(limits.check(&a, Some("weather__current")).is_ok());
-        assert!(limits.check(&a, Some("weather__current")).is_err());
-        assert!(limits.check(&a, Some("search__query")).is_ok());
+        let a = agent(vec![record(Some("weather"), 1.0, Period::Second, 1)]);
+        assert!(limits.check(&a, Some("weather__current")).await.is_ok());
+        assert!(limits.check(&a, Some("weather__current")).await.is_err());
+        assert!(limits.check(&a, Some("search__query")).await.is_ok());
     }
 }
