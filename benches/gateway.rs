@@ -156,7 +156,13 @@ async fn main() {
     let mut spawn = Vec::new();
     for i in 0..n {
         let t = Instant::now();
-        toolgate::pool::runner::run(spec, &json!({"n": i}), &state.settings.output).await;
+        toolgate::pool::runner::run(
+            spec,
+            &json!({"n": i}),
+            &state.settings.output,
+            &Default::default(),
+        )
+        .await;
         spawn.push(t.elapsed());
     }
     let spawn = stats(spawn);

@@ -9,14 +9,17 @@ use crate::pool::loader::{LoaderSettings, load_pool};
 use crate::{app, db, oauth, policy, service, telemetry};
 
 pub async fn run(cli: Cli) -> ExitCode {
-    telemetry::init(cli.log_format);
-    match dispatch(cli.command).await {
+    let telemetry = telemetry::init(cli.log_format);
+    let code = match dispatch(cli.command).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // The batch exporter runs on its own thread and blocks while it flushes.
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    code
 }
 
 async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {

@@ -156,6 +156,11 @@ pub struct Gate<'a> {
     origin: Option<&'a RequestOrigin>,
     surface: Surface,
     snapshot: Arc<PolicySnapshot>,
+    /// The request's span, on which the call's agent, tool, outcome and audit call id are
+    /// recorded (fields the HTTP layer declared).
+    span: tracing::Span,
+    /// The request's trace, when traces are exported: stamped on its audit rows.
+    trace_id: Option<String>,
 }
 
 impl<'a> Gate<'a> {
@@ -165,12 +170,19 @@ impl<'a> Gate<'a> {
         surface: Surface,
         origin: Option<&'a RequestOrigin>,
     ) -> Self {
+        let span = origin
+            .and_then(|o| o.span.clone())
+            .unwrap_or_else(tracing::Span::current);
+        span.record("toolgate.agent", principal.agent.as_str());
+        let trace_id = crate::telemetry::trace_id(&span);
         Self {
             state,
             principal,
             origin,
             surface,
             snapshot: state.policy.load(),
+            span,
+            trace_id,
         }
     }
 
@@ -217,8 +229,19 @@ impl<'a> Gate<'a> {
         e.agent = Some(self.principal.agent.clone());
         e.client_id = Some(self.principal.client_id.clone());
         e.jti = self.principal.jti.map(|j| j.to_string());
-        e.details = Some(serde_json::json!({"surface": self.surface.as_str()}).to_string());
+        e.details = Some(self.details(serde_json::json!({})));
         e
+    }
+
+    /// An event's details: `extra`, the surface, and the trace when there is one.
+    fn details(&self, mut extra: Value) -> String {
+        if let Value::Object(m) = &mut extra {
+            m.insert("surface".into(), self.surface.as_str().into());
+            if let Some(t) = &self.trace_id {
+                m.insert("trace_id".into(), t.as_str().into());
+            }
+        }
+        extra.to_string()
     }
 
     fn tool_event(&self, kind: EventKind, outcome: AuditOutcome, tool: &str) -> AuditEvent {
@@ -230,7 +253,9 @@ impl<'a> Gate<'a> {
         e
     }
 
+    /// Counts a call's outcome, and records it on the request's span.
     fn metric(&self, outcome: &str) {
+        self.span.record("toolgate.outcome", outcome);
         self.state
             .metrics
             .tool_calls
@@ -286,11 +311,7 @@ impl<'a> Gate<'a> {
     /// Records what a read disclosed (`details`), without waiting for the commit.
     pub fn disclosed(&self, kind: EventKind, outcome: AuditOutcome, details: Value) {
         let mut e = self.event(kind, outcome);
-        let mut d = details;
-        if let Value::Object(m) = &mut d {
-            m.insert("surface".into(), self.surface.as_str().into());
-        }
-        e.details = Some(d.to_string());
+        e.details = Some(self.details(details));
         self.state.audit.record_detached(e);
     }
 
@@ -306,6 +327,10 @@ impl<'a> Gate<'a> {
     /// request from the limits. An unknown or ungranted name counts against the agent's
     /// limits like any call and is audited as denied, durably, before the caller learns.
     pub async fn admit_call(&self, name: &str) -> Result<Admitted, Refused> {
+        if crate::telemetry::exporting() {
+            self.span
+                .record("toolgate.tool", audit::bounded(name).as_str());
+        }
         let Some(tool) = self.resolve(name) else {
             return Err(self.unknown_tool(name).await);
         };
@@ -378,15 +403,17 @@ impl<'a> Gate<'a> {
         e.call_id = Some(call_id.clone());
         e.arguments = redacted;
         e.bytes_in = bytes_in;
+        self.span.record("toolgate.call_id", call_id.as_str());
         if let Err(err) = self.state.audit.record(e).await {
             self.metric("audit_unavailable");
             return Err(Refused::AuditUnavailable(err));
         }
 
         let ran = Instant::now();
+        let trace = crate::telemetry::context_of(&self.span);
         let outcome = match &tool.exec {
             Execution::Script(spec) => {
-                Outcome::Script(runner::run(spec, &args, &self.state.settings.output).await)
+                Outcome::Script(runner::run(spec, &args, &self.state.settings.output, &trace).await)
             }
             Execution::Upstream {
                 upstream,
@@ -396,7 +423,12 @@ impl<'a> Gate<'a> {
                     Value::Object(m) => m,
                     _ => serde_json::Map::new(),
                 };
-                Outcome::Upstream(self.state.upstreams.call(upstream, original, map).await)
+                Outcome::Upstream(
+                    self.state
+                        .upstreams
+                        .call(upstream, original, map, &trace)
+                        .await,
+                )
             }
         };
         let latency = ran.elapsed();

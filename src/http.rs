@@ -48,7 +48,63 @@ fn surface_of(path: &str) -> &'static str {
     }
 }
 
-/// Counts and times every request per surface, inside a span carrying the request id.
+/// What axum appends to the route of a service nested under a path.
+const NEST_TAIL: &str = "/{*__private__axum_nest_tail_param}";
+
+/// The request method as a span attribute: the standard ones by name, any other as `_OTHER`
+/// (a client may send any token as a method; the attribute stays a small set).
+fn method_of(m: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *m {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "_OTHER",
+    }
+}
+
+/// The request's span when traces are exported: named for its route, with the standard HTTP
+/// attributes, continuing the caller's trace.
+fn traced_span(req: &Request, id: &str) -> tracing::Span {
+    let method = method_of(req.method());
+    // Named for the route, never the raw path: a span name is a low-cardinality label.
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str().trim_end_matches(NEST_TAIL).to_owned());
+    let name = match &route {
+        Some(r) => format!("{method} {r}"),
+        None => method.to_owned(),
+    };
+    // The fields recorded later (the response, and on tool calls what the gate decided) are
+    // declared here: a span only takes fields it was created with.
+    let span = tracing::info_span!(
+        "request",
+        otel.name = %name,
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = method,
+        http.route = route.as_deref(),
+        url.path = %req.uri().path(),
+        request_id = %id,
+        http.response.status_code = tracing::field::Empty,
+        toolgate.agent = tracing::field::Empty,
+        toolgate.tool = tracing::field::Empty,
+        toolgate.outcome = tracing::field::Empty,
+        toolgate.call_id = tracing::field::Empty,
+    );
+    crate::telemetry::continue_trace(&span, req.headers());
+    span
+}
+
+/// Counts and times every request per surface, inside its span (the request id, the HTTP
+/// attributes, and the caller's trace when it sent one).
 pub async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let surface = surface_of(req.uri().path());
     let started = Instant::now();
@@ -58,7 +114,12 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
-    let span = tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id);
+    let span = if crate::telemetry::exporting() {
+        traced_span(&req, &id)
+    } else {
+        // Logs read the same as before traces existed.
+        tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
+    };
     let origin = crate::audit::RequestOrigin {
         remote_addr: client_addr(
             req.extensions()
@@ -80,15 +141,24 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
                     .collect()
             }),
         request_id: Some(id.clone()).filter(|s| !s.is_empty()),
+        span: Some(span.clone()),
     };
     let mut req = req;
     req.extensions_mut().insert(origin.clone());
     let http1 = req.version() <= axum::http::Version::HTTP_11;
     let in_flight = state.request_started();
     let mut response = origin
-        .scope(tracing::Instrument::instrument(next.run(req), span))
+        .scope(tracing::Instrument::instrument(next.run(req), span.clone()))
         .await;
     drop(in_flight);
+    // As i64: the OpenTelemetry layer would turn an unsigned value into text.
+    span.record(
+        "http.response.status_code",
+        i64::from(response.status().as_u16()),
+    );
+    if response.status().is_server_error() {
+        span.record("otel.status_code", "error");
+    }
     // While draining, clients are moved off their keep-alive connections one response at a
     // time, so none is left idle on a connection the listener's closing would cut.
     if state.is_draining() && http1 {

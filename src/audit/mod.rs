@@ -169,6 +169,9 @@ pub struct RequestOrigin {
     pub remote_addr: Option<String>,
     pub user_agent: Option<String>,
     pub request_id: Option<String>,
+    /// The request's span, for the core to record what it decided on (the agent, the tool,
+    /// the outcome): surfaces may run handlers under spans of their own.
+    pub span: Option<tracing::Span>,
 }
 
 tokio::task_local! {

@@ -10,6 +10,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use super::ScriptSpec;
+use crate::telemetry::TraceContext;
 
 /// Bounds on what a script may print.
 #[derive(Debug, Clone)]
@@ -100,8 +101,14 @@ impl ScriptOutcome {
     }
 }
 
-/// Runs the script once with `args` on stdin.
-pub async fn run(spec: &ScriptSpec, args: &Value, limits: &OutputLimits) -> ScriptOutcome {
+/// Runs the script once with `args` on stdin, within the caller's `trace` (passed on as
+/// `TRACEPARENT` and `TRACESTATE`, the names OpenTelemetry uses for the environment).
+pub async fn run(
+    spec: &ScriptSpec,
+    args: &Value,
+    limits: &OutputLimits,
+    trace: &TraceContext,
+) -> ScriptOutcome {
     let started = Instant::now();
     let Ok(Ok(_permit)) = tokio::time::timeout(spec.timeout, spec.slots.acquire()).await else {
         return ScriptOutcome::Busy;
@@ -124,6 +131,16 @@ pub async fn run(spec: &ScriptSpec, args: &Value, limits: &OutputLimits) -> Scri
     {
         if let Ok(value) = std::env::var(name) {
             cmd.env(name, value);
+        }
+    }
+    // Set after the allowed variables: the gateway's own TRACEPARENT, if it has one, is not
+    // this call's.
+    for (name, value) in [
+        ("TRACEPARENT", &trace.traceparent),
+        ("TRACESTATE", &trace.tracestate),
+    ] {
+        if let Some(v) = value {
+            cmd.env(name, v);
         }
     }
     // Removed when this function returns, after everything the script started is gone.

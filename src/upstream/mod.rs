@@ -5,11 +5,13 @@
 //! One connection (one child process) per upstream, never per call or per agent. The agent's
 //! token never travels upstream: the upstream gets only its own configured credentials.
 
+mod traced;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::model::{CallToolRequestParams, CallToolResult, RequestParamsMeta};
 use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServiceExt};
 use serde::{Deserialize, Serialize};
@@ -18,6 +20,7 @@ use serde_json::{Map, Value};
 use crate::pool::{
     Execution, GroupStatus, HttpBinding, LoadError, SEPARATOR, Tool, ToolName, ToolSource,
 };
+use crate::telemetry::TraceContext;
 
 /// How an upstream is declared (`policies/upstreams/<group>.yaml`, or the admin API).
 ///
@@ -347,12 +350,15 @@ impl Upstreams {
             .collect()
     }
 
-    /// Forwards a call with the tool's original name and the upstream's own credentials.
+    /// Forwards a call with the tool's original name and the upstream's own credentials,
+    /// within the caller's `trace`: in the request's `_meta` (`traceparent`, `tracestate`, as
+    /// MCP carries trace context on any transport) and, over HTTP, as the W3C headers.
     pub async fn call(
         &self,
         group: &str,
         tool: &str,
         args: Map<String, Value>,
+        trace: &TraceContext,
     ) -> Result<CallToolResult, UpstreamError> {
         let shared = {
             let running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -380,6 +386,12 @@ impl Upstreams {
                 .ok_or_else(|| UpstreamError::Down(group.to_owned()))?;
             let mut params = CallToolRequestParams::new(tool.to_owned());
             params.arguments = Some(args);
+            if let Some(tp) = &trace.traceparent {
+                params.set_traceparent(tp);
+            }
+            if let Some(ts) = &trace.tracestate {
+                params.set_tracestate(ts);
+            }
             client
                 .call_tool(params)
                 .await
@@ -529,7 +541,10 @@ async fn connect(
                 config = config.auth_header(upstream_token(o).await?);
             }
             listener
-                .serve(StreamableHttpClientTransport::from_config(config))
+                .serve(StreamableHttpClientTransport::with_client(
+                    traced::TracedClient::new().map_err(|e| e.to_string())?,
+                    config,
+                ))
                 .await
                 .map_err(|e| format!("cannot reach {url}: {e}"))
         }

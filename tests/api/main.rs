@@ -9,6 +9,7 @@ mod durability;
 mod helpers;
 mod limits;
 mod mcp;
+mod otel;
 mod perimeter;
 mod policy;
 mod reload;

@@ -631,7 +631,7 @@ async fn spawn_cost() {
     for i in 0..runs + 20 {
         for (spec, times) in [(&plain, &mut t_plain), (&sandboxed, &mut t_sandboxed)] {
             let started = Instant::now();
-            let out = runner::run(spec, &json!({"n": i}), &limits).await;
+            let out = runner::run(spec, &json!({"n": i}), &limits, &Default::default()).await;
             let took = started.elapsed();
             assert!(
                 matches!(out, runner::ScriptOutcome::Success { .. }),

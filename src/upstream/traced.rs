@@ -1,0 +1,186 @@
+//! The SDK's reqwest client for Streamable HTTP upstreams, plus the W3C trace headers of each
+//! call. The SDK sends every message from one connection task and takes headers per
+//! connection, not per message; a call's trace context travels inside the message instead
+//! (`_meta.traceparent`, `_meta.tracestate`) and is lifted into headers here, just before the
+//! POST that carries it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::{HeaderName, HeaderValue};
+use reqwest013 as reqwest;
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, RequestParamsMeta};
+use rmcp::transport::common::client_side_sse::BoxedSseResponse;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+    StreamableHttpResponseLimits,
+};
+
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// Most redirects followed for one request (as the SDK's own client).
+const MAX_REDIRECTS: usize = 10;
+
+#[derive(Clone)]
+pub struct TracedClient(reqwest::Client);
+
+impl TracedClient {
+    /// The client the SDK would build: no idle connections kept, and only same-origin 307 and
+    /// 308 redirects followed (they keep the method and body; any other would lose the message
+    /// or replay the upstream's credentials to another host).
+    pub fn new() -> Result<Self, reqwest::Error> {
+        let policy = reqwest::redirect::Policy::custom(|attempt| {
+            let keeps_body = matches!(
+                attempt.status(),
+                reqwest::StatusCode::TEMPORARY_REDIRECT | reqwest::StatusCode::PERMANENT_REDIRECT
+            );
+            let same_origin = attempt
+                .previous()
+                .first()
+                .is_some_and(|first| first.origin() == attempt.url().origin());
+            if !keeps_body || !same_origin {
+                attempt.stop()
+            } else if attempt.previous().len() > MAX_REDIRECTS {
+                attempt.error(format!("exceeded {MAX_REDIRECTS} redirects"))
+            } else {
+                attempt.follow()
+            }
+        });
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .redirect(policy)
+            .build()
+            .map(Self)
+    }
+}
+
+/// Adds the trace context a tool call carries in its `_meta` to the request's headers.
+fn with_trace(
+    message: &ClientJsonRpcMessage,
+    mut headers: HashMap<HeaderName, HeaderValue>,
+) -> HashMap<HeaderName, HeaderValue> {
+    let ClientJsonRpcMessage::Request(request) = message else {
+        return headers;
+    };
+    let ClientRequest::CallToolRequest(call) = &request.request else {
+        return headers;
+    };
+    for (name, value) in [
+        (TRACEPARENT, call.params.traceparent()),
+        (TRACESTATE, call.params.tracestate()),
+    ] {
+        if let Some(v) = value.and_then(|v| HeaderValue::try_from(v).ok()) {
+            headers.insert(name, v);
+        }
+    }
+    headers
+}
+
+impl StreamableHttpClient for TracedClient {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        let headers = with_trace(&message, custom_headers);
+        self.0
+            .post_message(uri, message, session_id, auth_header, headers)
+            .await
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        let headers = with_trace(&message, custom_headers);
+        self.0
+            .post_message_with_max_sse_event_size(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        let headers = with_trace(&message, custom_headers);
+        self.0
+            .post_message_with_response_limits(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                headers,
+                limits,
+            )
+            .await
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), StreamableHttpError<Self::Error>> {
+        self.0
+            .delete_session(uri, session_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<BoxedSseResponse, StreamableHttpError<Self::Error>> {
+        self.0
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<BoxedSseResponse, StreamableHttpError<Self::Error>> {
+        self.0
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+}
