@@ -269,6 +269,56 @@ pub fn terms(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// Character n-grams (`min..=max` characters) of one folded word, padded with `^` and `$` so
+/// that beginnings and ends count: "issue" and "issues" share most, and so do cognates such as
+/// "répertoire" and "repository" or "Datei" and "data".
+fn grams_of(word: &str, min: usize, max: usize, out: &mut Vec<String>) {
+    let chars: Vec<char> = std::iter::once('^')
+        .chain(word.chars())
+        .chain(std::iter::once('$'))
+        .collect();
+    for n in min..=max {
+        if chars.len() < n {
+            break;
+        }
+        for w in chars.windows(n) {
+            out.push(w.iter().collect());
+        }
+    }
+}
+
+/// The character n-grams of a tool's text, repeats kept: of its folded words that are not
+/// English stop words, as [`terms`] keeps them, but unstemmed.
+pub fn doc_grams(text: &str, min: usize, max: usize) -> Vec<String> {
+    let mut ws = Vec::new();
+    words(text, &mut ws);
+    let mut out = Vec::new();
+    for w in ws.into_iter().map(|w| fold(&w)) {
+        if !STOP_WORDS.contains(&w.as_str()) && !is_fragment(&w) {
+            grams_of(&w, min, max, &mut out);
+        }
+    }
+    out
+}
+
+/// The character n-grams of a query, each once: of its folded words that are no stop word
+/// in any of the four languages nor a conversational word.
+pub fn query_grams(text: &str, min: usize, max: usize) -> Vec<String> {
+    let mut ws = Vec::new();
+    words(text, &mut ws);
+    let mut out = Vec::new();
+    for w in ws.into_iter().map(|w| fold(&w)) {
+        let stop =
+            CONVERSATION_STOP.contains(&w.as_str()) || Lang::ALL.iter().any(|l| l.is_stop(&w));
+        if !stop && !is_fragment(&w) {
+            grams_of(&w, min, max, &mut out);
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// The parsed [lexicon](lexicon.txt): (language, stemmed source word) → English target terms.
 struct Lexicon {
     targets: HashMap<(Lang, String), Vec<String>>,

@@ -41,6 +41,23 @@ pub struct SearchOptions {
     pub parameter_weight: f64,
     /// How queries are analyzed: languages, lexicon, compounds.
     pub query: QueryAnalysis,
+    /// Weight of the character n-gram ranker beside the word ranker (0 turns it off, the
+    /// default: its best weight on dev, 0.2, was no better on test and costs time).
+    pub ngram_weight: f64,
+    /// Shortest and longest n-gram, in characters, word boundaries counted.
+    pub ngram_min: usize,
+    pub ngram_max: usize,
+    /// How the word and n-gram rankers are combined.
+    pub fusion: Fusion,
+}
+
+/// How the word ranker and the n-gram ranker are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fusion {
+    /// Each ranker's scores divided by its best score over the visible tools, then added.
+    Sum,
+    /// Reciprocal rank fusion (Cormack et al. 2009): 1 / (60 + rank) from each ranker.
+    Rrf,
 }
 
 impl Default for SearchOptions {
@@ -57,6 +74,10 @@ impl Default for SearchOptions {
                 lexicon_weight: 0.7,
                 decompound: true,
             },
+            ngram_weight: 0.0,
+            ngram_min: 3,
+            ngram_max: 5,
+            fusion: Fusion::Sum,
         }
     }
 }
@@ -67,6 +88,7 @@ impl SearchOptions {
     pub fn english_only() -> Self {
         Self {
             k1: 1.2,
+            ngram_weight: 0.0,
             query: QueryAnalysis {
                 languages: false,
                 lexicon_weight: 0.0,
@@ -91,14 +113,21 @@ impl SearchOptions {
             if q.languages { "en+fr+de+es" } else { "en" },
             q.lexicon_weight,
             if q.decompound { "split" } else { "kept" },
-        )
+        ) + &if self.ngram_weight > 0.0 {
+            format!(
+                "; character {}-{}-grams weight {} ({:?})",
+                self.ngram_min, self.ngram_max, self.ngram_weight, self.fusion
+            )
+        } else {
+            String::new()
+        }
     }
 
     /// The variants the benchmark's `--ablation` compares, by label.
     pub fn variants() -> Vec<(&'static str, SearchOptions)> {
         let o = SearchOptions::default();
         let q = o.query;
-        vec![
+        let mut v = vec![
             ("default", o),
             ("English only, no lexicon (before)", Self::english_only()),
             (
@@ -214,12 +243,38 @@ impl SearchOptions {
             ("k1 1.2", SearchOptions { k1: 1.2, ..o }),
             ("b 0.5", SearchOptions { b: 0.5, ..o }),
             ("b 0.9", SearchOptions { b: 0.9, ..o }),
-        ]
+        ];
+        let gram = |min, max, weight, fusion| SearchOptions {
+            ngram_weight: weight,
+            ngram_min: min,
+            ngram_max: max,
+            fusion,
+            ..o
+        };
+        v.extend([
+            ("3-5-grams, sum, weight 0.1", gram(3, 5, 0.1, Fusion::Sum)),
+            ("3-5-grams, sum, weight 0.2", gram(3, 5, 0.2, Fusion::Sum)),
+            ("3-5-grams, sum, weight 0.3", gram(3, 5, 0.3, Fusion::Sum)),
+            ("4-5-grams, sum, weight 0.2", gram(4, 5, 0.2, Fusion::Sum)),
+            ("4-5-grams, sum, weight 0.3", gram(4, 5, 0.3, Fusion::Sum)),
+            ("3-4-grams, sum, weight 0.2", gram(3, 4, 0.2, Fusion::Sum)),
+            ("3-5-grams, RRF, weight 0.2", gram(3, 5, 0.2, Fusion::Rrf)),
+            ("3-5-grams, sum, weight 0.5", gram(3, 5, 0.5, Fusion::Sum)),
+            ("3-5-grams, sum, weight 1", gram(3, 5, 1.0, Fusion::Sum)),
+            ("4-grams, sum, weight 0.5", gram(4, 4, 0.5, Fusion::Sum)),
+            ("3-5-grams, RRF, weight 1", gram(3, 5, 1.0, Fusion::Rrf)),
+            ("3-5-grams, RRF, weight 0.5", gram(3, 5, 0.5, Fusion::Rrf)),
+            ("4-grams, RRF, weight 1", gram(4, 4, 1.0, Fusion::Rrf)),
+        ]);
+        v
     }
 }
 
 /// How deep into nested parameter objects names and descriptions are indexed.
 const MAX_SCHEMA_DEPTH: usize = 3;
+
+/// One term's postings: (document, weighted term frequency), by document.
+type Postings = Vec<(u32, f64)>;
 
 /// One tool, analyzed: its weighted term frequencies and weighted length.
 #[derive(Debug)]
@@ -228,15 +283,26 @@ struct Analyzed {
     /// Sorted by term.
     terms: Vec<(String, f64)>,
     len: f64,
+    /// Character n-grams, sorted; empty when the n-gram ranker is off.
+    grams: Vec<(String, f64)>,
+    gram_len: f64,
 }
 
 fn analyze_tool(tool: &Tool, o: &SearchOptions) -> Analyzed {
     let mut tf: HashMap<String, f64> = HashMap::new();
+    let mut gf: HashMap<String, f64> = HashMap::new();
     let mut len = 0.0;
+    let mut gram_len = 0.0;
     let mut add = |text: &str, weight: f64| {
         for t in analyze::terms(text) {
             *tf.entry(t).or_default() += weight;
             len += weight;
+        }
+        if o.ngram_weight > 0.0 {
+            for g in analyze::doc_grams(text, o.ngram_min, o.ngram_max) {
+                *gf.entry(g).or_default() += weight;
+                gram_len += weight;
+            }
         }
     };
     add(tool.name.as_str(), o.name_weight);
@@ -251,10 +317,14 @@ fn analyze_tool(tool: &Tool, o: &SearchOptions) -> Analyzed {
     });
     let mut terms: Vec<(String, f64)> = tf.into_iter().collect();
     terms.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut grams: Vec<(String, f64)> = gf.into_iter().collect();
+    grams.sort_by(|a, b| a.0.cmp(&b.0));
     Analyzed {
         content_hash: tool.content_hash.clone(),
         terms,
         len,
+        grams,
+        gram_len,
     }
 }
 
@@ -306,6 +376,9 @@ pub struct SearchIndex {
     vocabulary: HashMap<String, u32>,
     /// Per term: (document, weighted term frequency), by document.
     postings: Vec<Vec<(u32, f64)>>,
+    /// The same for character n-grams.
+    gram_vocabulary: HashMap<String, u32>,
+    gram_postings: Vec<Vec<(u32, f64)>>,
 }
 
 impl fmt::Debug for SearchIndex {
@@ -343,16 +416,25 @@ impl SearchIndex {
             .collect();
         let mut vocabulary: HashMap<String, u32> = HashMap::new();
         let mut postings: Vec<Vec<(u32, f64)>> = Vec::new();
+        let mut gram_vocabulary: HashMap<String, u32> = HashMap::new();
+        let mut gram_postings: Vec<Vec<(u32, f64)>> = Vec::new();
         let mut by_name = HashMap::with_capacity(docs.len());
-        for (d, (tool, a)) in docs.iter().enumerate() {
-            by_name.insert(tool.name.as_str().to_owned(), d as u32);
-            for (term, tf) in &a.terms {
+        let post = |vocabulary: &mut HashMap<String, u32>,
+                    postings: &mut Vec<Vec<(u32, f64)>>,
+                    terms: &[(String, f64)],
+                    d: usize| {
+            for (term, tf) in terms {
                 let id = *vocabulary.entry(term.clone()).or_insert_with(|| {
                     postings.push(Vec::new());
                     (postings.len() - 1) as u32
                 });
                 postings[id as usize].push((d as u32, *tf));
             }
+        };
+        for (d, (tool, a)) in docs.iter().enumerate() {
+            by_name.insert(tool.name.as_str().to_owned(), d as u32);
+            post(&mut vocabulary, &mut postings, &a.terms, d);
+            post(&mut gram_vocabulary, &mut gram_postings, &a.grams, d);
         }
         Self {
             options,
@@ -360,6 +442,8 @@ impl SearchIndex {
             by_name,
             vocabulary,
             postings,
+            gram_vocabulary,
+            gram_postings,
         }
     }
 
@@ -369,6 +453,45 @@ impl SearchIndex {
 
     pub fn is_empty(&self) -> bool {
         self.docs.is_empty()
+    }
+
+    /// Adds the BM25 score of `terms` to `scores` (by position in `visible`), with statistics
+    /// from the visible documents only (`slot`: document -> position, `n` of them).
+    fn bm25(
+        &self,
+        (vocabulary, postings): (&HashMap<String, u32>, &[Postings]),
+        terms: &[(String, f64)],
+        (slot, n, avg_len): (&[u32], usize, f64),
+        len_of: impl Fn(&Analyzed) -> f64,
+        scores: &mut [f64],
+        matched: &mut [bool],
+    ) {
+        let SearchOptions { k1, b, .. } = self.options;
+        for (term, weight) in terms {
+            let Some(&id) = vocabulary.get(term) else {
+                continue;
+            };
+            let postings = &postings[id as usize];
+            let df = postings
+                .iter()
+                .filter(|(d, _)| slot[*d as usize] != u32::MAX)
+                .count();
+            if df == 0 {
+                continue;
+            }
+            // Lucene's non-negative IDF.
+            let idf = (1.0 + (n as f64 - df as f64 + 0.5) / (df as f64 + 0.5)).ln();
+            for &(d, tf) in postings {
+                let i = slot[d as usize];
+                if i == u32::MAX {
+                    continue;
+                }
+                let len = len_of(&self.docs[d as usize].1);
+                let norm = k1 * (1.0 - b + b * len / avg_len);
+                scores[i as usize] += weight * idf * tf * (k1 + 1.0) / (tf + norm);
+                matched[i as usize] = true;
+            }
+        }
     }
 
     /// The best `limit` matches for `query` among `visible` (the caller's tools), best first;
@@ -396,33 +519,39 @@ impl SearchIndex {
         }
         let avg_len = (total_len / n as f64).max(f64::MIN_POSITIVE);
         let query_terms = analyze::query_terms(query, &self.options.query);
-        let SearchOptions { k1, b, .. } = self.options;
         let mut scores = vec![0.0f64; visible.len()];
         let mut matched = vec![false; visible.len()];
-        for (term, weight) in &query_terms {
-            let Some(&id) = self.vocabulary.get(term) else {
-                continue;
-            };
-            let postings = &self.postings[id as usize];
-            let df = postings
-                .iter()
-                .filter(|(d, _)| slot[*d as usize] != u32::MAX)
-                .count();
-            if df == 0 {
-                continue;
-            }
-            // Lucene's non-negative IDF.
-            let idf = (1.0 + (n as f64 - df as f64 + 0.5) / (df as f64 + 0.5)).ln();
-            for &(d, tf) in postings {
-                let i = slot[d as usize];
-                if i == u32::MAX {
-                    continue;
+        self.bm25(
+            (&self.vocabulary, &self.postings),
+            &query_terms,
+            (&slot, n, avg_len),
+            |a| a.len,
+            &mut scores,
+            &mut matched,
+        );
+        let o = &self.options;
+        if o.ngram_weight > 0.0 {
+            let mut gram_total = 0.0;
+            for (d, (_, a)) in self.docs.iter().enumerate() {
+                if slot[d] != u32::MAX {
+                    gram_total += a.gram_len;
                 }
-                let len = self.docs[d as usize].1.len;
-                let norm = k1 * (1.0 - b + b * len / avg_len);
-                scores[i as usize] += weight * idf * tf * (k1 + 1.0) / (tf + norm);
-                matched[i as usize] = true;
             }
+            let gram_avg = (gram_total / n as f64).max(f64::MIN_POSITIVE);
+            let grams: Vec<(String, f64)> = analyze::query_grams(query, o.ngram_min, o.ngram_max)
+                .into_iter()
+                .map(|g| (g, 1.0))
+                .collect();
+            let mut gram_scores = vec![0.0f64; visible.len()];
+            self.bm25(
+                (&self.gram_vocabulary, &self.gram_postings),
+                &grams,
+                (&slot, n, gram_avg),
+                |a| a.gram_len,
+                &mut gram_scores,
+                &mut matched,
+            );
+            fuse(visible, &mut scores, &gram_scores, o.ngram_weight, o.fusion);
         }
         // Best `limit` first: select them before sorting, since with a lexicon most visible
         // tools match some term.
@@ -449,6 +578,41 @@ impl SearchIndex {
                 score,
             })
             .collect()
+    }
+}
+
+/// Combines the word ranker's `scores` with the n-gram ranker's, in place. Both only depend on
+/// the visible tools, so the fused ranking does too.
+fn fuse(visible: &[Arc<Tool>], scores: &mut [f64], grams: &[f64], weight: f64, fusion: Fusion) {
+    match fusion {
+        Fusion::Sum => {
+            let best = |s: &[f64]| s.iter().cloned().fold(0.0, f64::max);
+            let (bw, bg) = (best(scores), best(grams));
+            for (s, g) in scores.iter_mut().zip(grams) {
+                let w = if bw > 0.0 { *s / bw } else { 0.0 };
+                let g = if bg > 0.0 { g / bg } else { 0.0 };
+                *s = w + weight * g;
+            }
+        }
+        Fusion::Rrf => {
+            // Ranks with ties broken by name, as the final order is; unmatched tools get none.
+            let rank = |s: &[f64]| {
+                let mut order: Vec<usize> = (0..s.len()).filter(|&i| s[i] > 0.0).collect();
+                order.sort_by(|&a, &b| {
+                    s[b].total_cmp(&s[a])
+                        .then_with(|| visible[a].name.cmp(&visible[b].name))
+                });
+                let mut r = vec![0.0; s.len()];
+                for (k, i) in order.into_iter().enumerate() {
+                    r[i] = 1.0 / (60.0 + k as f64 + 1.0);
+                }
+                r
+            };
+            let (rw, rg) = (rank(scores), rank(grams));
+            for ((s, w), g) in scores.iter_mut().zip(rw).zip(rg) {
+                *s = w + weight * g;
+            }
+        }
     }
 }
 

@@ -38,7 +38,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-pub use index::{Hit, SearchIndex, SearchOptions};
+pub use index::{Fusion, Hit, SearchIndex, SearchOptions};
 
 use crate::cost::{self, ListCost};
 use crate::policy::snapshot::{AgentView, Discovery, PolicySnapshot};

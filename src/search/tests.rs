@@ -415,5 +415,19 @@ proptest! {
         for (h, e) in hits.iter().zip(&expected) {
             prop_assert_eq!(h.score.to_bits(), e.score.to_bits());
         }
+        // The same with the character n-gram ranker on, fused either way: its statistics and
+        // its fusion (best score, ranks) come from the visible set only too.
+        for fusion in [Fusion::Sum, Fusion::Rrf] {
+            let o = SearchOptions { ngram_weight: 0.5, fusion, ..SearchOptions::default() };
+            let whole = SearchIndex::build_with(&catalog, None, o);
+            let alone =
+                SearchIndex::build_with(&Catalog::new(visible.clone(), Vec::new()), None, o);
+            let hits = whole.search(&visible, &query, limit);
+            let expected = alone.search(&visible, &query, limit);
+            prop_assert_eq!(names(&hits), names(&expected));
+            for (h, e) in hits.iter().zip(&expected) {
+                prop_assert_eq!(h.score.to_bits(), e.score.to_bits());
+            }
+        }
     }
 }
