@@ -334,6 +334,9 @@ impl AppState {
         self.metrics
             .agents_without_tools
             .set(snap.agents_without_tools() as i64);
+        self.metrics
+            .argument_rule_problems
+            .set(snap.argument_problem_count() as i64);
     }
 }
 

@@ -384,6 +384,36 @@ impl<'a> Gate<'a> {
             }
             Err(v) => (None, Vec::new(), None, v.clone()),
         };
+        // The agent's argument rules, checked only on arguments the tool itself accepts: a
+        // refusal by a rule is a policy decision (`denied`, naming the rule), not a malformed
+        // call.
+        let refused_by_rule = match (&args, &tool.narrowing) {
+            (Ok(a), Some(n)) if violations.is_empty() => n.violations(a),
+            _ => Vec::new(),
+        };
+        if !refused_by_rule.is_empty() {
+            self.metric("argument_denied");
+            let mut e = self.tool_event(EventKind::ToolCall, AuditOutcome::Denied, name);
+            e.arguments = redacted;
+            e.bytes_in = bytes_in;
+            e.error = Some(audit::scrub(&refused_by_rule.join("; "), &secrets));
+            let rules: Vec<Value> = tool
+                .narrowing
+                .iter()
+                .flat_map(|n| &n.checks)
+                .map(|c| serde_json::json!({"on": c.source, "param": c.param, "rule": c.rule}))
+                .collect();
+            e.details = Some(self.details(serde_json::json!({"argument_rules": rules})));
+            self.state
+                .audit
+                .record(e)
+                .await
+                .map_err(Refused::AuditUnavailable)?;
+            return Err(Refused::InvalidArguments {
+                tool,
+                violations: refused_by_rule,
+            });
+        }
         if !violations.is_empty() {
             self.metric("invalid_arguments");
             let mut e = self.tool_event(EventKind::ToolCall, AuditOutcome::InvalidArguments, name);

@@ -15,6 +15,8 @@ pub struct Metrics {
     pub pool_load_errors: IntGauge,
     pub zero_match_grants: IntGauge,
     pub agents_without_tools: IntGauge,
+    /// Argument rules that cannot do what their author meant.
+    pub argument_rule_problems: IntGauge,
     /// Rate-limit checks the shared store (Redis) failed to answer in time.
     pub rate_limit_store_errors: IntCounter,
 }
@@ -54,6 +56,11 @@ impl Metrics {
         let agents_without_tools =
             IntGauge::new("agents_without_tools", "Agents whose grants match no tool")
                 .unwrap_or_else(|_| unreachable_metric());
+        let argument_rule_problems = IntGauge::new(
+            "argument_rule_problems",
+            "Argument rules that name a missing parameter or ungranted tool, misfit its type, or refuse every call",
+        )
+        .unwrap_or_else(|_| unreachable_metric());
         let rate_limit_store_errors = IntCounter::new(
             "rate_limit_store_errors_total",
             "Rate-limit checks the shared store failed to answer in time",
@@ -67,6 +74,7 @@ impl Metrics {
             Box::new(pool_load_errors.clone()),
             Box::new(zero_match_grants.clone()),
             Box::new(agents_without_tools.clone()),
+            Box::new(argument_rule_problems.clone()),
             Box::new(rate_limit_store_errors.clone()),
         ] {
             let _ = registry.register(c);
@@ -80,6 +88,7 @@ impl Metrics {
             pool_load_errors,
             zero_match_grants,
             agents_without_tools,
+            argument_rule_problems,
             rate_limit_store_errors,
         }
     }

@@ -12,6 +12,7 @@ use crate::auth::secrets;
 use crate::db;
 use crate::db::policy::AgentSettings;
 use crate::policy::GrantTarget;
+use crate::policy::arguments::{self, ArgumentRules, RuleProblem};
 use crate::policy::snapshot::{Discovery, GrantMatch, PolicySnapshot, RateLimitRecord};
 
 /// Why a control-plane operation was refused.
@@ -59,6 +60,10 @@ pub struct AgentSummary {
     pub sees_nothing: bool,
     pub zero_match_grants: usize,
     pub rate_limits: Vec<RateLimitRecord>,
+    /// Argument rules per tool or group, as written.
+    pub arguments: Vec<ArgumentRules>,
+    /// Argument rules that cannot do what their author meant.
+    pub problems: Vec<RuleProblem>,
 }
 
 pub fn agent_summaries(snapshot: &PolicySnapshot) -> Vec<AgentSummary> {
@@ -75,6 +80,8 @@ pub fn agent_summaries(snapshot: &PolicySnapshot) -> Vec<AgentSummary> {
             sees_nothing: a.visible.is_empty(),
             zero_match_grants: a.zero_match_grants().count(),
             rate_limits: a.record.limits.clone(),
+            arguments: a.record.arguments.clone(),
+            problems: a.argument_problems.clone(),
         })
         .collect()
 }
@@ -323,6 +330,71 @@ pub async fn set_limits(
         .ok_or_else(|| ServiceError::NotFound(format!("agent `{agent}`")))?;
     let mut tx = state.db.begin().await?;
     db::policy::set_limits(&mut tx, actor, agent, &before, &limits).await?;
+    tx.commit().await?;
+    refresh(state).await;
+    Ok(())
+}
+
+/// What setting argument rules did: the rules' problems, which are warnings (a rule on a
+/// parameter the tool lacks is kept, and flagged, like a zero-match grant).
+#[derive(Debug, Serialize)]
+pub struct ArgumentsSet {
+    pub agent: String,
+    pub target: String,
+    pub problems: Vec<RuleProblem>,
+}
+
+/// Sets an agent's argument rules for one tool or group (`params`: parameter → rule).
+pub async fn set_argument_rules(
+    state: &AppState,
+    actor: &str,
+    agent: &str,
+    target: &str,
+    params: &Value,
+) -> Result<ArgumentsSet> {
+    GrantTarget::parse(target).map_err(ServiceError::Invalid)?;
+    let params = arguments::parse_params(params).map_err(ServiceError::Invalid)?;
+    let rules = ArgumentRules {
+        target: target.to_owned(),
+        params,
+    };
+    let mut tx = state.db.begin().await?;
+    if !db::policy::set_argument_rules(&mut tx, actor, agent, &rules).await? {
+        return Err(ServiceError::NotFound(format!("agent `{agent}`")));
+    }
+    tx.commit().await?;
+    refresh(state).await;
+    let problems = state
+        .policy
+        .load()
+        .agent(agent)
+        .map(|a| {
+            a.argument_problems
+                .iter()
+                .filter(|p| p.target == target)
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(ArgumentsSet {
+        agent: agent.to_owned(),
+        target: target.to_owned(),
+        problems,
+    })
+}
+
+pub async fn delete_argument_rules(
+    state: &AppState,
+    actor: &str,
+    agent: &str,
+    target: &str,
+) -> Result<()> {
+    let mut tx = state.db.begin().await?;
+    if !db::policy::delete_argument_rules(&mut tx, actor, agent, target).await? {
+        return Err(ServiceError::NotFound(format!(
+            "argument rules on `{target}` of agent `{agent}`"
+        )));
+    }
     tx.commit().await?;
     refresh(state).await;
     Ok(())

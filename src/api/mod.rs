@@ -20,6 +20,10 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/agents/{name}/grants", post(add_grant))
         .route("/agents/{name}/grants/{target}", delete(remove_grant))
         .route(
+            "/agents/{name}/arguments/{target}",
+            axum::routing::put(put_arguments).delete(delete_arguments),
+        )
+        .route(
             "/agents/{name}/clients",
             get(list_clients).post(create_client),
         )
@@ -251,6 +255,25 @@ async fn remove_grant(
     Path((name, target)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
     service::remove_grant(&state, API_ACTOR, &name, &target).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT /agents/<agent>/arguments/<tool-or-group>` with `{"param": {rule}, ...}`.
+async fn put_arguments(
+    State(state): State<AppState>,
+    Path((name, target)): Path<(String, String)>,
+    Json(body): Json<Value>,
+) -> ApiResult<Json<service::ArgumentsSet>> {
+    Ok(Json(
+        service::set_argument_rules(&state, API_ACTOR, &name, &target, &body).await?,
+    ))
+}
+
+async fn delete_arguments(
+    State(state): State<AppState>,
+    Path((name, target)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    service::delete_argument_rules(&state, API_ACTOR, &name, &target).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

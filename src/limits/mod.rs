@@ -304,10 +304,13 @@ mod tests {
                 pinned: vec![],
                 grants: vec![],
                 limits,
+                arguments: vec![],
             },
             grants: vec![],
             grant_matches: vec![],
             visible: vec![],
+            narrowed: Default::default(),
+            argument_problems: vec![],
         }
     }
 

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use super::GrantTarget;
+use super::arguments::{self, ArgumentRules};
 use super::snapshot::{AgentRecord, Discovery, RateLimitRecord};
 use crate::db;
 use crate::db::policy::{AgentSettings, GroupMeta};
@@ -34,6 +35,9 @@ pub struct FrontMatter {
     /// Limits per group or exact tool: `tool_limits: {weather: {per_second: 0.5, burst: 2}}`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tool_limits: BTreeMap<String, LimitForm>,
+    /// Argument rules per tool or group: `arguments: {weather__forecast: {days: {maximum: 3}}}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub arguments: BTreeMap<String, serde_json::Value>,
 }
 
 /// One agent file.
@@ -71,6 +75,21 @@ impl AgentFile {
             discovery: self.front.discovery.unwrap_or_default(),
             pinned: self.front.pinned.clone(),
         }
+    }
+
+    /// The argument rules, checked; one that [`validate`] reports is left out.
+    pub fn argument_rules(&self) -> Vec<ArgumentRules> {
+        self.front
+            .arguments
+            .iter()
+            .filter(|(t, _)| GrantTarget::parse(t).is_ok())
+            .filter_map(|(target, params)| {
+                Some(ArgumentRules {
+                    target: target.clone(),
+                    params: arguments::parse_params(params).ok()?,
+                })
+            })
+            .collect()
     }
 
     /// The limits, checked; one that [`validate`] reports is left out.
@@ -361,6 +380,14 @@ pub fn validate(policies: &PolicyDir) -> Vec<Problem> {
                 ));
             }
         }
+        for (target, params) in &agent.front.arguments {
+            let line = agent.line_of(target.trim());
+            if let Err(e) = GrantTarget::parse(target) {
+                problems.push(at(line, format!("`{target}` in arguments: {e}")));
+            } else if let Err(e) = arguments::parse_params(params) {
+                problems.push(at(line, format!("arguments of `{target}`: {e}")));
+            }
+        }
         let limits = agent
             .front
             .rate_limit
@@ -457,6 +484,25 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
                 ),
             });
         }
+        let visible: Vec<_> = catalog
+            .tools()
+            .filter(|t| targets.iter().any(|g| g.matches(t.name.as_str())))
+            .cloned()
+            .collect();
+        let rules = agent.argument_rules();
+        for p in arguments::analyse(&agent.name, &rules, &visible, catalog).problems {
+            let line = p
+                .param
+                .as_deref()
+                .map(|param| agent.line_of(param))
+                .filter(|l| *l > 1)
+                .unwrap_or_else(|| agent.line_of(&p.target));
+            problems.push(Problem {
+                file: agent.file.clone(),
+                line,
+                message: p.message,
+            });
+        }
         for pin in &agent.front.pinned {
             if !targets.iter().any(|t| t.matches(pin)) || catalog.get(pin).is_none() {
                 problems.push(Problem {
@@ -524,6 +570,14 @@ pub enum Change {
         before: Vec<RateLimitRecord>,
         after: Vec<RateLimitRecord>,
     },
+    SetArguments {
+        agent: String,
+        rules: ArgumentRules,
+    },
+    DeleteArguments {
+        agent: String,
+        target: String,
+    },
     SetGroup {
         before: Option<GroupMeta>,
         after: GroupMeta,
@@ -581,6 +635,15 @@ impl fmt::Display for Change {
                     .map(|l| format!("{}: {}", l.pattern.as_deref().unwrap_or("*"), l.limit))
                     .collect();
                 write!(f, "~ rate limits {agent}: [{}]", parts.join(", "))
+            }
+            Change::SetArguments { agent, rules } => write!(
+                f,
+                "~ argument rules {agent} -> {}: {}",
+                rules.target,
+                serde_json::to_string(&rules.params).unwrap_or_default()
+            ),
+            Change::DeleteArguments { agent, target } => {
+                write!(f, "- argument rules {agent} -> {target}")
             }
             Change::SetGroup {
                 before: None,
@@ -640,6 +703,12 @@ pub fn plan(
                         after: limits,
                     });
                 }
+                for rules in file.argument_rules() {
+                    changes.push(Change::SetArguments {
+                        agent: file.name.clone(),
+                        rules,
+                    });
+                }
             }
             Some(record) => {
                 let before = settings_of(record);
@@ -674,6 +743,23 @@ pub fn plan(
                         before: record.limits.clone(),
                         after: limits,
                     });
+                }
+                let wanted_rules = file.argument_rules();
+                for rules in &wanted_rules {
+                    if !record.arguments.contains(rules) {
+                        changes.push(Change::SetArguments {
+                            agent: file.name.clone(),
+                            rules: rules.clone(),
+                        });
+                    }
+                }
+                for have in &record.arguments {
+                    if !wanted_rules.iter().any(|w| w.target == have.target) {
+                        changes.push(Change::DeleteArguments {
+                            agent: file.name.clone(),
+                            target: have.target.clone(),
+                        });
+                    }
                 }
             }
         }
@@ -795,6 +881,12 @@ pub async fn apply_dir(
                     before,
                     after,
                 } => db::policy::set_limits(&mut tx, actor, agent, before, after).await?,
+                Change::SetArguments { agent, rules } => {
+                    db::policy::set_argument_rules(&mut tx, actor, agent, rules).await?;
+                }
+                Change::DeleteArguments { agent, target } => {
+                    db::policy::delete_argument_rules(&mut tx, actor, agent, target).await?;
+                }
                 Change::SetGroup { before, after } => {
                     db::policy::upsert_group(&mut tx, actor, before.as_ref(), after).await?
                 }
@@ -848,6 +940,11 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
             pinned: a.pinned.clone(),
             rate_limit,
             tool_limits,
+            arguments: a
+                .arguments
+                .iter()
+                .map(|r| (r.target.clone(), serde_json::json!(r.params)))
+                .collect(),
         };
         let yaml = serde_yaml::to_string(&front)?;
         let mut text = format!("---\n{yaml}---\n");

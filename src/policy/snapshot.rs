@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::arguments::{self, ArgumentRules, RuleProblem};
 use super::{GrantTarget, may_use};
 use crate::limits::{Limit, LimitForm};
 use crate::pool::{Catalog, Tool};
@@ -126,6 +127,8 @@ pub struct AgentRecord {
     pub pinned: Vec<String>,
     pub grants: Vec<GrantRecord>,
     pub limits: Vec<RateLimitRecord>,
+    /// Argument rules, per tool or group.
+    pub arguments: Vec<ArgumentRules>,
 }
 
 /// An OAuth client as the token verifier needs it.
@@ -177,8 +180,13 @@ pub struct AgentView {
     pub record: AgentRecord,
     pub grants: Vec<GrantTarget>,
     pub grant_matches: Vec<GrantMatch>,
-    /// Every tool the live grants match, in name order.
+    /// Every tool the live grants match, in name order; a tool its argument rules narrow is
+    /// this agent's narrowed copy.
     pub visible: Vec<Arc<Tool>>,
+    /// The narrowed copies, by name.
+    pub(crate) narrowed: HashMap<String, Arc<Tool>>,
+    /// Argument rules that cannot do what their author meant.
+    pub argument_problems: Vec<RuleProblem>,
 }
 
 impl AgentView {
@@ -252,10 +260,20 @@ impl PolicySnapshot {
                         }
                     })
                     .collect();
-                let visible = catalog
+                let visible: Vec<Arc<Tool>> = catalog
                     .tools()
                     .filter(|t| grants.iter().any(|g| g.matches(t.name.as_str())))
                     .cloned()
+                    .collect();
+                // Agents without rules (most) share the pool's tools as they are.
+                let analysis = if a.arguments.is_empty() {
+                    arguments::Analysis::default()
+                } else {
+                    arguments::analyse(&a.name, &a.arguments, &visible, &catalog)
+                };
+                let visible = visible
+                    .into_iter()
+                    .map(|t| analysis.narrowed.get(t.name.as_str()).cloned().unwrap_or(t))
                     .collect();
                 (
                     a.name.clone(),
@@ -264,6 +282,8 @@ impl PolicySnapshot {
                         grants,
                         grant_matches,
                         visible,
+                        narrowed: analysis.narrowed,
+                        argument_problems: analysis.problems,
                     }),
                 )
             })
@@ -337,7 +357,11 @@ impl PolicySnapshot {
         if !may_use(&agent.grants, &principal.prefixes, name) {
             return None;
         }
-        self.catalog.get(name).cloned()
+        agent
+            .narrowed
+            .get(name)
+            .or_else(|| self.catalog.get(name))
+            .cloned()
     }
 
     /// How `principal`'s `tools/list` is served: `Full` or `Search`, with `Auto` resolved
@@ -397,6 +421,14 @@ impl PolicySnapshot {
         self.agents
             .values()
             .map(|a| a.zero_match_grants().count())
+            .sum()
+    }
+
+    /// Number of argument rules that cannot do what their author meant, across all agents.
+    pub fn argument_problem_count(&self) -> usize {
+        self.agents
+            .values()
+            .map(|a| a.argument_problems.len())
             .sum()
     }
 

@@ -389,6 +389,7 @@ pub fn load_group(
                 ui,
                 audit: audit.clone(),
                 annotations: None,
+                narrowing: None,
             }));
         }
     }

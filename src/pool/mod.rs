@@ -122,8 +122,8 @@ pub enum Execution {
     },
 }
 
-/// One tool of the pool.
-#[derive(Debug)]
+/// One tool of the pool (or, narrowed by an agent's argument rules, that agent's copy of it).
+#[derive(Debug, Clone)]
 pub struct Tool {
     pub name: ToolName,
     pub group: String,
@@ -144,6 +144,51 @@ pub struct Tool {
     pub annotations: Option<rmcp::model::ToolAnnotations>,
     /// `_meta`, passed through untouched (for MCP Apps: `_meta.ui`).
     pub meta: Option<rmcp::model::MetaObject>,
+    /// The argument rules of the agent whose copy this is; `None` in the pool itself.
+    pub narrowing: Option<Arc<Narrowing>>,
+}
+
+/// The argument rules that apply to one agent's calls of one tool, compiled.
+#[derive(Debug)]
+pub struct Narrowing {
+    pub checks: Vec<ArgumentCheck>,
+}
+
+/// One parameter's rule.
+#[derive(Debug)]
+pub struct ArgumentCheck {
+    pub param: String,
+    /// The tool or group the rule is keyed by.
+    pub source: String,
+    /// The rule as written, to name it when it refuses a call.
+    pub rule: Value,
+    pub validator: Arc<jsonschema::Validator>,
+}
+
+impl Narrowing {
+    /// Checks an argument object against every rule; each refusal is one line naming the
+    /// parameter and the rule.
+    pub fn violations(&self, args: &Value) -> Vec<String> {
+        let mut out = Vec::new();
+        for c in &self.checks {
+            let rule = c.rule.to_string();
+            match args.get(&c.param) {
+                None => out.push(format!(
+                    "`{}` is required: this agent's grant limits it to {rule} (rule on `{}`)",
+                    c.param, c.source
+                )),
+                Some(v) => {
+                    for e in c.validator.iter_errors(v) {
+                        out.push(format!(
+                            "`{}`: {e}; refused by this agent's rule {rule} on `{}`",
+                            c.param, c.source
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
 }
 
 impl Tool {

@@ -354,6 +354,7 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
             }),
             validator: Arc::new(validator),
             ui: None,
+            narrowing: None,
             audit: Arc::default(),
             annotations: def.annotations.clone(),
             meta: def.meta.clone(),

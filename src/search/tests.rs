@@ -33,6 +33,7 @@ fn agent(name: &str, grants: &[String], discovery: Discovery, pinned: &[&str]) -
             })
             .collect(),
         limits: Vec::new(),
+        arguments: Vec::new(),
     }
 }
 
