@@ -1,6 +1,7 @@
 //! Integration tests: the real router over a fresh Postgres database per test.
 
 mod apps;
+mod arguments;
 mod audit;
 mod cli;
 mod credentials;
