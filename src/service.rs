@@ -383,6 +383,54 @@ pub async fn set_argument_rules(
     })
 }
 
+/// What argument rules would do, before saving them (the editor's preview): their problems
+/// and the narrowed input schema of every tool of the agent they touch.
+pub fn preview_argument_rules(
+    snapshot: &PolicySnapshot,
+    agent: &str,
+    target: &str,
+    params: &Value,
+) -> Result<(Vec<RuleProblem>, Vec<(String, Value)>)> {
+    GrantTarget::parse(target).map_err(ServiceError::Invalid)?;
+    let params = arguments::parse_params(params).map_err(ServiceError::Invalid)?;
+    let view = snapshot
+        .agent(agent)
+        .ok_or_else(|| ServiceError::NotFound(format!("agent `{agent}`")))?;
+    let mut rules: Vec<ArgumentRules> = view
+        .record
+        .arguments
+        .iter()
+        .filter(|r| r.target != target)
+        .cloned()
+        .collect();
+    rules.push(ArgumentRules {
+        target: target.to_owned(),
+        params,
+    });
+    // The agent's tools as the pool has them: the rules are applied afresh.
+    let granted: Vec<_> = snapshot
+        .catalog
+        .tools()
+        .filter(|t| view.grants.iter().any(|g| g.matches(t.name.as_str())))
+        .cloned()
+        .collect();
+    let analysis = arguments::analyse(agent, &rules, &granted, &snapshot.catalog);
+    let problems = analysis
+        .problems
+        .into_iter()
+        .filter(|p| p.target == target)
+        .collect();
+    let parsed = GrantTarget::parse(target).map_err(ServiceError::Invalid)?;
+    let mut schemas: Vec<(String, Value)> = analysis
+        .narrowed
+        .into_iter()
+        .filter(|(name, _)| parsed.matches(name))
+        .map(|(name, t)| (name, Value::Object((*t.input_schema).clone())))
+        .collect();
+    schemas.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((problems, schemas))
+}
+
 pub async fn delete_argument_rules(
     state: &AppState,
     actor: &str,

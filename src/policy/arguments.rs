@@ -74,6 +74,17 @@ pub enum ProblemKind {
     Unsatisfiable,
 }
 
+impl ProblemKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProblemKind::NotGranted => "not_granted",
+            ProblemKind::UnknownParameter => "unknown_parameter",
+            ProblemKind::WrongType => "wrong_type",
+            ProblemKind::Unsatisfiable => "unsatisfiable",
+        }
+    }
+}
+
 /// A rule that cannot do what its author meant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RuleProblem {

@@ -189,6 +189,9 @@ struct AgentPage {
     grants: Vec<GrantRow>,
     zero_match: Vec<ZeroMatch>,
     sees_nothing: bool,
+    rule_flags: Vec<super::dashboard::RuleFlag>,
+    /// Argument rules: (target, rules as JSON).
+    arguments: Vec<(String, String)>,
     tools: Vec<ToolRow>,
     cost: CostView,
     limits: Vec<LimitRow>,
@@ -251,6 +254,18 @@ pub async fn show(
         grants,
         zero_match,
         sees_nothing: !blind.is_empty(),
+        rule_flags: super::dashboard::rule_flags(&mine),
+        arguments: agent
+            .record
+            .arguments
+            .iter()
+            .map(|r| {
+                (
+                    r.target.clone(),
+                    serde_json::to_string(&r.params).unwrap_or_default(),
+                )
+            })
+            .collect(),
         tools: agent
             .visible
             .iter()

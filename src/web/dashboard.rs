@@ -33,6 +33,25 @@ pub struct Broken {
     pub still_serving: usize,
 }
 
+/// An argument rule that cannot do what its author meant.
+pub struct RuleFlag {
+    pub agent: String,
+    pub problem: crate::policy::arguments::RuleProblem,
+}
+
+/// Every argument-rule problem of `agents`.
+pub fn rule_flags(agents: &[AgentSummary]) -> Vec<RuleFlag> {
+    agents
+        .iter()
+        .flat_map(|a| {
+            a.problems.iter().map(|p| RuleFlag {
+                agent: a.name.clone(),
+                problem: p.clone(),
+            })
+        })
+        .collect()
+}
+
 /// The zero-match grants and the agents that see nothing, of `agents`.
 pub fn problems(agents: &[AgentSummary]) -> (Vec<ZeroMatch>, Vec<Blind>) {
     let zero = agents
@@ -89,6 +108,7 @@ struct DashboardPage {
     page: PageCtx,
     zero_match: Vec<ZeroMatch>,
     blind: Vec<Blind>,
+    rule_flags: Vec<RuleFlag>,
     broken: Vec<Broken>,
     agents: usize,
     groups: usize,
@@ -109,6 +129,7 @@ pub async fn show(State(state): State<AppState>, ctx: Ctx) -> Result<Response, W
         page: ctx.page(Nav::Dashboard, "Dashboard"),
         zero_match,
         blind,
+        rule_flags: rule_flags(&summaries),
         broken: broken_groups(&snapshot),
         agents: summaries.len(),
         groups: snapshot.catalog.group_names().len(),

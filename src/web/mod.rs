@@ -7,6 +7,7 @@
 //! route behind it.
 
 mod agents;
+mod arguments;
 mod audit;
 mod auth;
 mod dashboard;
@@ -50,6 +51,10 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route(
             "/agents/{name}/limits",
             get(limits::edit).post(limits::save),
+        )
+        .route(
+            "/agents/{name}/arguments",
+            get(arguments::edit).post(arguments::submit),
         )
         .route(
             "/clients/{client_id}/revoke",

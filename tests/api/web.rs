@@ -959,3 +959,127 @@ async fn a_database_failure_shows_an_opaque_page_with_the_request_id(pool: PgPoo
         assert!(!r.text.contains(leak), "{leak} in {}", r.text);
     }
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn argument_rules_are_previewed_saved_flagged_and_removed_from_the_ui(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let mut b = Browser::signed_in(&app, "ada", "admin").await;
+    let page = "/admin/agents/meteo/arguments";
+
+    // Preview: the narrowed schema the model will see, nothing saved.
+    let preview = b
+        .submit(
+            page,
+            page,
+            &[
+                ("target", "weather__forecast"),
+                ("params", r#"{"days": {"maximum": 3}}"#),
+                ("action", "preview"),
+            ],
+        )
+        .await;
+    assert_eq!(preview.status, StatusCode::OK, "{}", preview.text);
+    assert!(
+        preview.text.contains(r#"data-schema="weather__forecast""#),
+        "{}",
+        preview.text
+    );
+    assert!(
+        preview.text.contains("&#34;maximum&#34;: 3"),
+        "{}",
+        preview.text
+    );
+    assert!(
+        app.state
+            .policy
+            .load()
+            .agent("meteo")
+            .unwrap()
+            .record
+            .arguments
+            .is_empty()
+    );
+
+    // Not JSON, or not a rule: refused with the reason, nothing saved.
+    let bad = b
+        .submit(
+            page,
+            page,
+            &[
+                ("target", "weather__forecast"),
+                ("params", "{days"),
+                ("action", "save"),
+            ],
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(bad.text.contains("not JSON"), "{}", bad.text);
+
+    // Saved with a hostile value and a misspelt parameter: kept, escaped, flagged in red on the
+    // agent page and the dashboard.
+    let saved = b
+        .submit(
+            page,
+            page,
+            &[
+                ("target", "weather__forecast"),
+                ("params", r#"{"dayz": {"maximum": 3}, "city": {"enum": ["<script>alert(1)</script>", "Paris"]}}"#),
+                ("action", "save"),
+            ],
+        )
+        .await;
+    assert_eq!(saved.status, StatusCode::SEE_OTHER, "{}", saved.text);
+    let editor = b.get(page).await.text;
+    assert!(!editor.contains("<script>alert"), "{editor}");
+    assert!(editor.contains("&#60;script&#62;"), "{editor}");
+    assert!(
+        editor.contains(r#"data-problem="unknown_parameter""#),
+        "{editor}"
+    );
+    let dashboard = b.get("/admin").await.text;
+    assert!(
+        dashboard.contains(r#"data-problem="argument-rule""#),
+        "{dashboard}"
+    );
+    assert!(
+        dashboard.contains("did you mean <code>days</code>?"),
+        "{dashboard}"
+    );
+    let agent = b.get("/admin/agents/meteo").await.text;
+    assert!(agent.contains(r#"data-problem="argument-rule""#), "{agent}");
+
+    // Recorded under the admin's name.
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE event_type = 'admin.change' AND admin_user = 'admin:ada'
+         AND details::jsonb->>'action' = 'arguments.set'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(n, 1);
+
+    let removed = b
+        .submit(
+            page,
+            page,
+            &[("target", "weather__forecast"), ("action", "remove")],
+        )
+        .await;
+    assert_eq!(removed.status, StatusCode::SEE_OTHER, "{}", removed.text);
+    assert!(
+        app.state
+            .policy
+            .load()
+            .agent("meteo")
+            .unwrap()
+            .record
+            .arguments
+            .is_empty()
+    );
+
+    // A viewer sees the rules but cannot change them.
+    let mut viewer = Browser::signed_in(&app, "vic", "viewer").await;
+    let view = viewer.get(page).await;
+    assert_eq!(view.status, StatusCode::OK);
+    assert!(!view.text.contains(r#"name="params""#), "{}", view.text);
+}
