@@ -383,6 +383,9 @@ pub async fn set_argument_rules(
     })
 }
 
+/// A preview of argument rules: their problems, and each touched tool's narrowed schema.
+pub type RulesPreview = (Vec<RuleProblem>, Vec<(String, Value)>);
+
 /// What argument rules would do, before saving them (the editor's preview): their problems
 /// and the narrowed input schema of every tool of the agent they touch.
 pub fn preview_argument_rules(
@@ -390,7 +393,7 @@ pub fn preview_argument_rules(
     agent: &str,
     target: &str,
     params: &Value,
-) -> Result<(Vec<RuleProblem>, Vec<(String, Value)>)> {
+) -> Result<RulesPreview> {
     GrantTarget::parse(target).map_err(ServiceError::Invalid)?;
     let params = arguments::parse_params(params).map_err(ServiceError::Invalid)?;
     let view = snapshot

@@ -333,10 +333,10 @@ fn unsatisfiable(prop: &Value, rule: &ParamRule) -> Option<String> {
             .flatten()
             .filter_map(Value::as_u64)
             .min();
-        if let (Some(a), Some(b)) = (min, max) {
-            if a > b {
-                return Some(format!("`{min_k}` {a} is more than `{max_k}` {b}"));
-            }
+        if let (Some(a), Some(b)) = (min, max)
+            && a > b
+        {
+            return Some(format!("`{min_k}` {a} is more than `{max_k}` {b}"));
         }
     }
     if let (Some(items_rule), Some(items)) = (
@@ -605,11 +605,11 @@ fn narrow_operation(op: &Value, narrowed: &BTreeMap<&str, Value>) -> Value {
     if let Some(Value::Array(params)) = op.get_mut("parameters") {
         for p in params.iter_mut() {
             let name = p.get("name").and_then(Value::as_str).map(str::to_owned);
-            if let (Some(name), Value::Object(p)) = (name, p) {
-                if let Some(schema) = narrowed.get(name.as_str()) {
-                    p.insert("schema".into(), schema.clone());
-                    p.insert("required".into(), Value::Bool(true));
-                }
+            if let (Some(name), Value::Object(p)) = (name, p)
+                && let Some(schema) = narrowed.get(name.as_str())
+            {
+                p.insert("schema".into(), schema.clone());
+                p.insert("required".into(), Value::Bool(true));
             }
         }
     }
