@@ -454,3 +454,77 @@ async fn a_rule_is_rechecked_when_the_tool_changes_under_it(pool: PgPool) {
     let r = app.call(&token, "calc__add", json!({"n": 3})).await;
     assert_eq!(r.body["result"]["isError"], true, "{}", r.text);
 }
+
+/// What a rule check adds to a call: the same `#!/bin/sh cat` tool called in turns by an agent
+/// with a rule on it and by one without, through the in-process router (audit on, sandbox
+/// off), p50 of each; then the check alone, timed over many runs. A measurement, not a timed
+/// test: `cargo nextest run --run-ignored only -E 'test(rule_check_cost)' --no-capture`.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+#[ignore = "a measurement; run on demand"]
+async fn rule_check_cost(pool: PgPool) {
+    let tools = tempfile::tempdir().unwrap();
+    let schema = json!({"type": "object", "properties": {
+        "n": {"type": "integer"}, "repo": {"type": "string"}}});
+    crate::helpers::write_group(
+        tools.path(),
+        "bench",
+        &crate::helpers::single_op("echo", schema, json!({})),
+        &[("echo.sh", "#!/bin/sh\ncat\n")],
+    );
+    let app = TestApp::with(pool, tools.path(), None, &["--script-sandbox", "off"]).await;
+    let ruled = app.agent("ruled", &["bench"]).await;
+    let free = app.agent("free", &["bench"]).await;
+    put_rules(
+        &app,
+        "ruled",
+        "bench__echo",
+        json!({"n": {"minimum": 0, "maximum": 100}, "repo": {"enum": ["acme/web", "acme/api"]}}),
+    )
+    .await;
+    let args = json!({"n": 7, "repo": "acme/web"});
+    let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..420 {
+        for (i, token) in [&ruled, &free].into_iter().enumerate() {
+            let t = std::time::Instant::now();
+            let r = app
+                .post_json("/tools/bench/echo", Some(token), args.clone())
+                .await;
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+            if round >= 20 {
+                times[i].push(us);
+            }
+        }
+    }
+    let p = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * q) as usize]
+    };
+    let (r50, f50) = (p(&mut times[0], 0.5), p(&mut times[1], 0.5));
+    println!(
+        "call p50: with a rule {r50:.0} µs, without {f50:.0} µs; ratio {:.3}, difference {:.0} µs",
+        r50 / f50,
+        r50 - f50
+    );
+    let snapshot = app.state.policy.load();
+    let principal = toolgate::policy::snapshot::Principal {
+        agent: "ruled".into(),
+        client_id: "c".into(),
+        jti: None,
+        prefixes: vec![toolgate::policy::GrantTarget::parse("bench").unwrap()],
+    };
+    let tool = snapshot.resolve(&principal, "bench__echo").unwrap();
+    let narrowing = tool
+        .narrowing
+        .clone()
+        .expect("the ruled agent's copy is narrowed");
+    let n = 100_000;
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        assert!(narrowing.violations(std::hint::black_box(&args)).is_empty());
+    }
+    println!(
+        "the check alone (two rules): {:.2} µs per call",
+        t.elapsed().as_secs_f64() * 1e6 / n as f64
+    );
+}

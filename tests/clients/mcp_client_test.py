@@ -151,6 +151,15 @@ class Gateway:
         )
         expect(r.status_code in (200, 201), f"POST /api/v1/agents/{agent}/grants {target} -> {r.status_code} {r.text}")
 
+    async def set_rules(self, agent: str, target: str, rules: dict[str, Any]) -> dict[str, Any]:
+        r = await self.http.put(f"{self.base}/api/v1/agents/{agent}/arguments/{target}", headers=self.admin, json=rules)
+        expect(r.status_code == 200, f"PUT /api/v1/agents/{agent}/arguments/{target} -> {r.status_code} {r.text}")
+        return r.json()
+
+    async def delete_rules(self, agent: str, target: str) -> None:
+        r = await self.http.delete(f"{self.base}/api/v1/agents/{agent}/arguments/{target}", headers=self.admin)
+        expect(r.status_code in (204, 404), f"DELETE /api/v1/agents/{agent}/arguments/{target} -> {r.status_code} {r.text}")
+
     async def remove_grant(self, agent: str, target: str, missing_ok: bool = False) -> None:
         r = await self.http.delete(f"{self.base}/api/v1/agents/{agent}/grants/{target}", headers=self.admin)
         ok = r.status_code in (200, 204) or (missing_ok and r.status_code == 404)
@@ -444,6 +453,11 @@ async def main() -> int:
 
         await run_sdk_oauth(gw, assistant, args.strict_sdk_oauth)
         await run_search_mode(gw)
+        for mode in MODES:
+            try:
+                await run_argument_rules(gw, mode, meteo)
+            except Exception as e:  # noqa: BLE001
+                R.fail(f"[{mode}] argument rules setup", describe(e))
     finally:
         await gw.close()
     return finish()
@@ -521,3 +535,31 @@ async def run_search_mode(gw: Gateway) -> None:
 
 if __name__ == "__main__":
     sys.exit(asyncio.run(main()))
+
+
+async def run_argument_rules(gw: Gateway, mode: str, meteo: dict[str, str]) -> None:
+    """A grant narrowed to `days <= 3`: the SDK lists the narrowed schema, and a call outside it
+    is a tool error naming the parameter and the rule."""
+    tag = f"[{mode}]"
+    async with check(f"{tag} admin API narrows meteo's weather__forecast to days <= 3"):
+        body = await gw.set_rules("meteo", "weather__forecast", {"days": {"maximum": 3}})
+        expect(body.get("problems") == [], f"unexpected problems: {body}")
+    try:
+        token = await gw.token(meteo)
+        async with connect(gw.mcp_url, mode, token) as client:
+            async with check(f"{tag} meteo's tools/list shows days with maximum 3, required"):
+                tools = (await client.list_tools()).tools
+                forecast = next(t for t in tools if t.name == "weather__forecast")
+                days = forecast.input_schema["properties"]["days"]
+                expect(days.get("maximum") == 3, f"days schema is {days}")
+                expect("days" in forecast.input_schema.get("required", []), f"required is {forecast.input_schema.get('required')}")
+            async with check(f"{tag} weather__forecast {{days: 2}} runs"):
+                res = await client.call_tool("weather__forecast", {"city": "Paris", "days": 2})
+                expect(res.is_error is False, f"is_error={res.is_error}, content={res.content!r}")
+            async with check(f"{tag} weather__forecast {{days: 5}} is refused, naming days and the rule"):
+                res = await client.call_tool("weather__forecast", {"city": "Paris", "days": 5})
+                text = result_text(res)
+                expect(res.is_error is True, f"is_error={res.is_error}, content={res.content!r}")
+                expect("`days`" in text and '{"maximum":3}' in text, f"error text does not name the rule: {text!r}")
+    finally:
+        await gw.delete_rules("meteo", "weather__forecast")
