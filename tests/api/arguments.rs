@@ -528,3 +528,46 @@ async fn rule_check_cost(pool: PgPool) {
         t.elapsed().as_secs_f64() * 1e6 / n as f64
     );
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn search_results_show_the_narrowed_schema(pool: PgPool) {
+    let app = TestApp::new(pool).await;
+    let token = app
+        .agent_in_mode("finder", Some("search"), &["weather"])
+        .await;
+    put_rules(
+        &app,
+        "finder",
+        "weather__forecast",
+        json!({"days": {"maximum": 2}}),
+    )
+    .await;
+    let r = app
+        .call(
+            &token,
+            "search_tools",
+            json!({"query": "forecast for the next days"}),
+        )
+        .await;
+    let hits = r.body["result"]["structuredContent"]["tools"]
+        .as_array()
+        .unwrap();
+    let forecast = hits
+        .iter()
+        .find(|t| t["name"] == "weather__forecast")
+        .unwrap_or_else(|| panic!("{}", r.text));
+    assert_eq!(
+        forecast["inputSchema"]["properties"]["days"]["maximum"], 2,
+        "{forecast}"
+    );
+    // Called through the meta-tool, the rule holds too.
+    let refused = app
+        .call(
+            &token,
+            "call_tool",
+            json!({"name": "weather__forecast", "arguments": {"city": "Paris", "days": 3}}),
+        )
+        .await;
+    assert_eq!(refused.body["result"]["isError"], true, "{}", refused.text);
+    assert!(refused.text.contains("maximum"), "{}", refused.text);
+}
