@@ -533,10 +533,6 @@ async def run_search_mode(gw: Gateway) -> None:
         await gw.http.delete(f"{gw.base}/api/v1/agents/{agent}", headers=gw.admin)
 
 
-if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
-
-
 async def run_argument_rules(gw: Gateway, mode: str, meteo: dict[str, str]) -> None:
     """A grant narrowed to `days <= 3`: the SDK lists the narrowed schema, and a call outside it
     is a tool error naming the parameter and the rule."""
@@ -563,3 +559,8 @@ async def run_argument_rules(gw: Gateway, mode: str, meteo: dict[str, str]) -> N
                 expect("`days`" in text and '{"maximum":3}' in text, f"error text does not name the rule: {text!r}")
     finally:
         await gw.delete_rules("meteo", "weather__forecast")
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
+
