@@ -83,6 +83,16 @@ impl ProblemKind {
             ProblemKind::Unsatisfiable => "unsatisfiable",
         }
     }
+
+    /// As the admin UI shows it.
+    pub fn label(self) -> &'static str {
+        match self {
+            ProblemKind::NotGranted => "not granted",
+            ProblemKind::UnknownParameter => "unknown parameter",
+            ProblemKind::WrongType => "wrong type",
+            ProblemKind::Unsatisfiable => "refuses every call",
+        }
+    }
 }
 
 /// A rule that cannot do what its author meant.
@@ -400,6 +410,16 @@ pub fn merge(prop: &Value, rule: &ParamRule) -> Value {
                     a.push(json!({k.clone(): v.clone()}));
                 }
             }
+        }
+    }
+    // A default the rule refuses would tell the model something false (and the parameter is
+    // required once ruled, so no default applies anyway).
+    if let Some(d) = out.get("default") {
+        let accepted = jsonschema::validator_for(&Value::Object(rule.clone()))
+            .map(|v| v.is_valid(d))
+            .unwrap_or(false);
+        if !accepted {
+            out.remove("default");
         }
     }
     Value::Object(out)
@@ -723,5 +743,15 @@ mod tests {
             &rule(json!({"enum": ["c", "a", "z"]})),
         );
         assert_eq!(m["enum"], json!(["c", "a"]));
+        let m = merge(
+            &json!({"type": "integer", "default": 3}),
+            &rule(json!({"maximum": 2})),
+        );
+        assert!(m.get("default").is_none(), "{m}");
+        let m = merge(
+            &json!({"type": "integer", "default": 1}),
+            &rule(json!({"maximum": 2})),
+        );
+        assert_eq!(m["default"], 1);
     }
 }

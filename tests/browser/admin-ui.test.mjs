@@ -230,38 +230,6 @@ test("an admin fixes a typo grant in the browser and exports the audit log", { t
     assert.ok(csv.trim().split("\n").slice(1).every((l) => l.includes("admin.change")));
   });
 
-  await t.test("an argument rule is previewed, flagged when wrong, and fixed", async () => {
-    await page.goto(`${base}/admin/agents/meteo`);
-    await page.getByRole("link", { name: "Edit argument rules" }).click();
-    await page.waitForURL(`${base}/admin/agents/meteo/arguments`);
-    await page.getByLabel("Tool or group").fill("weather__forecast");
-    await page.getByLabel("Rules, as JSON").fill('{"dayz": {"maximum": 3}}');
-    await page.getByRole("button", { name: "Preview" }).click();
-    const previewProblem = page.locator('[data-rule-preview] [data-problem="unknown_parameter"]');
-    assert.match(await previewProblem.textContent(), /has no parameter dayz; did you mean days\?/);
-    await page.getByRole("button", { name: "Save rules" }).click();
-    await page.waitForURL(`${base}/admin/agents/meteo/arguments`);
-    await page.goto(`${base}/admin`);
-    const flag = page.locator('.problems li[data-problem="argument-rule"]');
-    assert.equal(await flag.count(), 1);
-    assert.match(await flag.textContent(), /did you mean days\?/);
-    const color = await flag.locator(".problem-tag").evaluate((e) => getComputedStyle(e).backgroundColor);
-    assert.equal(color, "rgb(180, 35, 24)");
-    await flag.getByRole("link", { name: "Fix the rule" }).click();
-    await page.waitForURL(`${base}/admin/agents/meteo/arguments`);
-    await page.getByLabel("Tool or group").fill("weather__forecast");
-    await page.getByLabel("Rules, as JSON").fill('{"days": {"maximum": 3}}');
-    await page.getByRole("button", { name: "Preview" }).click();
-    assert.match(await page.locator('pre[data-schema="weather__forecast"]').textContent(), /"maximum": 3/);
-    await shot("14-argument-rules-preview.png");
-    await page.getByRole("button", { name: "Save rules" }).click();
-    await page.waitForURL(`${base}/admin/agents/meteo/arguments`);
-    assert.match(await page.locator(".flash").textContent(), /Saved the argument rules on weather__forecast/);
-    assert.equal(await page.locator('tr[data-rule="weather__forecast"] .badge-good').count(), 1);
-    await page.goto(`${base}/admin`);
-    assert.equal(await page.locator('.problems li[data-problem="argument-rule"]').count(), 0);
-  });
-
   await t.test("the other pages render", async () => {
     await page.locator('table.data tbody tr a[href^="/admin/audit/"]').first().click();
     assert.match(await page.locator("h1").textContent(), /^Audit event \d+$/);
@@ -287,6 +255,38 @@ test("an admin fixes a typo grant in the browser and exports the audit log", { t
     assert.equal(missing.status(), 404);
     assert.match(await page.locator("main").textContent(), new RegExp(missing.headers()["x-request-id"]));
     await shot("13-not-found.png", false);
+  });
+
+  await t.test("an argument rule is previewed, flagged when wrong, and fixed", async () => {
+    await page.goto(`${base}/admin/agents/meteo`);
+    await page.getByRole("link", { name: "Edit argument rules" }).click();
+    await page.waitForURL(`${base}/admin/agents/meteo/arguments`);
+    await page.locator("#rule-target").fill("weather__forecast");
+    await page.locator("#rule-params").fill('{"dayz": {"maximum": 3}}');
+    await page.getByRole("button", { name: "Preview" }).click();
+    const previewProblem = page.locator('[data-rule-preview] [data-problem="unknown_parameter"]');
+    assert.match(await previewProblem.textContent(), /has no parameter dayz; did you mean days\?/);
+    await page.getByRole("button", { name: "Save rules" }).click();
+    await page.waitForURL(`${base}/admin/agents/meteo/arguments`);
+    await page.goto(`${base}/admin`);
+    const flag = page.locator('.problems li[data-problem="argument-rule"]');
+    assert.equal(await flag.count(), 1);
+    assert.match(await flag.textContent(), /did you mean days\?/);
+    const color = await flag.locator(".problem-tag").evaluate((e) => getComputedStyle(e).backgroundColor);
+    assert.equal(color, "rgb(180, 35, 24)");
+    await flag.getByRole("link", { name: "Fix the rule" }).click();
+    await page.waitForURL(`${base}/admin/agents/meteo/arguments`);
+    await page.locator("#rule-target").fill("weather__forecast");
+    await page.locator("#rule-params").fill('{"days": {"maximum": 3}}');
+    await page.getByRole("button", { name: "Preview" }).click();
+    assert.match(await page.locator('pre[data-schema="weather__forecast"]').textContent(), /"maximum": 3/);
+    await shot("14-argument-rules-preview.png");
+    await page.getByRole("button", { name: "Save rules" }).click();
+    await page.waitForURL(`${base}/admin/agents/meteo/arguments`);
+    assert.match(await page.locator(".flash").textContent(), /Saved the argument rules on weather__forecast/);
+    assert.equal(await page.locator('tr[data-rule="weather__forecast"] .badge-good').count(), 1);
+    await page.goto(`${base}/admin`);
+    assert.equal(await page.locator('.problems li[data-problem="argument-rule"]').count(), 0);
   });
 
   await t.test("no page had a script error or a CSP violation", () => {
