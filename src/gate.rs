@@ -387,22 +387,22 @@ impl<'a> Gate<'a> {
         // The agent's argument rules, checked only on arguments the tool itself accepts: a
         // refusal by a rule is a policy decision (`denied`, naming the rule), not a malformed
         // call.
-        let refused_by_rule = match (&args, &tool.narrowing) {
-            (Ok(a), Some(n)) if violations.is_empty() => n.violations(a),
+        let refusals = match (&args, &tool.narrowing) {
+            (Ok(a), Some(n)) if violations.is_empty() => n.refusals(a),
             _ => Vec::new(),
         };
-        if !refused_by_rule.is_empty() {
+        if !refusals.is_empty() {
             self.metric("argument_denied");
+            let rules: Vec<Value> = refusals
+                .iter()
+                .map(|(c, _)| serde_json::json!({"on": c.source, "param": c.param, "rule": c.rule}))
+                .collect();
+            let refused_by_rule: Vec<String> =
+                refusals.into_iter().flat_map(|(_, lines)| lines).collect();
             let mut e = self.tool_event(EventKind::ToolCall, AuditOutcome::Denied, name);
             e.arguments = redacted;
             e.bytes_in = bytes_in;
             e.error = Some(audit::scrub(&refused_by_rule.join("; "), &secrets));
-            let rules: Vec<Value> = tool
-                .narrowing
-                .iter()
-                .flat_map(|n| &n.checks)
-                .map(|c| serde_json::json!({"on": c.source, "param": c.param, "rule": c.rule}))
-                .collect();
             e.details = Some(self.details(serde_json::json!({"argument_rules": rules})));
             self.state
                 .audit

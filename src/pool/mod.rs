@@ -166,28 +166,41 @@ pub struct ArgumentCheck {
 }
 
 impl Narrowing {
-    /// Checks an argument object against every rule; each refusal is one line naming the
-    /// parameter and the rule.
-    pub fn violations(&self, args: &Value) -> Vec<String> {
+    /// Checks an argument object against every rule: the rules that refuse it, each with the
+    /// lines that say why (naming the parameter and the rule).
+    pub fn refusals(&self, args: &Value) -> Vec<(&ArgumentCheck, Vec<String>)> {
         let mut out = Vec::new();
         for c in &self.checks {
             let rule = c.rule.to_string();
-            match args.get(&c.param) {
-                None => out.push(format!(
+            let lines: Vec<String> = match args.get(&c.param) {
+                None => vec![format!(
                     "`{}` is required: this agent's grant limits it to {rule} (rule on `{}`)",
                     c.param, c.source
-                )),
-                Some(v) => {
-                    for e in c.validator.iter_errors(v) {
-                        out.push(format!(
+                )],
+                Some(v) => c
+                    .validator
+                    .iter_errors(v)
+                    .map(|e| {
+                        format!(
                             "`{}`: {e}; refused by this agent's rule {rule} on `{}`",
                             c.param, c.source
-                        ));
-                    }
-                }
+                        )
+                    })
+                    .collect(),
+            };
+            if !lines.is_empty() {
+                out.push((c, lines));
             }
         }
         out
+    }
+
+    /// [`Self::refusals`] as lines.
+    pub fn violations(&self, args: &Value) -> Vec<String> {
+        self.refusals(args)
+            .into_iter()
+            .flat_map(|(_, l)| l)
+            .collect()
     }
 }
 

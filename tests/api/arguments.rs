@@ -168,7 +168,7 @@ async fn a_rule_narrows_the_listed_schema_and_refuses_calls_outside_it(pool: PgP
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn rest_and_openapi_follow_the_rule(pool: PgPool) {
-    let app = TestApp::new(pool).await;
+    let app = TestApp::new(pool.clone()).await;
     let token = app.agent("planner", &["weather"]).await;
     // Keyed by the group: applies to every tool of it that has the parameter.
     let set = put_rules(
@@ -203,6 +203,31 @@ async fn rest_and_openapi_follow_the_rule(pool: PgPool) {
     assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.text);
     let v = refused.body["violations"][0].as_str().unwrap();
     assert!(v.contains("`city`") && v.contains("Paris"), "{v}");
+
+    // Two rules on one tool: the audit row names the one that refused.
+    put_rules(
+        &app,
+        "planner",
+        "weather__forecast",
+        json!({"days": {"maximum": 3}}),
+    )
+    .await;
+    let refused = app
+        .get("/tools/weather/forecast?city=Tokyo&days=2", Some(&token))
+        .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.text);
+    let details: String = sqlx::query_scalar(
+        "SELECT details FROM audit_events WHERE tool = 'weather__forecast' AND outcome = 'denied'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let details: Value = serde_json::from_str(&details).unwrap();
+    assert_eq!(
+        details["argument_rules"],
+        json!([{"on": "weather", "param": "city", "rule": {"enum": ["Paris", "Berlin"]}}]),
+        "{details}"
+    );
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
