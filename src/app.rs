@@ -171,6 +171,8 @@ pub struct Inner {
     pub audit: crate::audit::writer::AuditLog,
     pub limits: crate::limits::RateLimits,
     pub upstreams: crate::upstream::Upstreams,
+    /// Access tokens whose signature was already verified.
+    pub verified_tokens: crate::auth::token::VerifiedTokens,
     /// Set at SIGTERM: `/readyz` answers 503 and responses close their connections.
     draining: std::sync::atomic::AtomicBool,
     /// HTTP requests being served now (what a drain waits for).
@@ -222,6 +224,7 @@ impl AppState {
             audit,
             limits,
             upstreams: crate::upstream::Upstreams::default(),
+            verified_tokens: Default::default(),
             settings,
             db,
             policy: PolicyHandle::default(),

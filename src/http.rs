@@ -13,7 +13,7 @@ use serde_json::json;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
 use crate::app::AppState;
-use crate::auth::token::{self, TokenError};
+use crate::auth::token::TokenError;
 use crate::policy::snapshot::Principal;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -260,13 +260,12 @@ pub async fn require_agent(
         {
             Some(tok) => {
                 let snapshot = state.policy.load();
-                token::verify(
+                state.verified_tokens.verify(
                     tok.trim(),
                     &snapshot,
                     &state.settings.issuer,
                     &state.settings.audience,
                 )
-                .map(|(p, _)| p)
             }
             None => Err(TokenError::Malformed("not a bearer token".into())),
         },

@@ -105,16 +105,34 @@ pub enum TokenError {
     UnknownClient,
 }
 
-/// Verifies an access token against the snapshot: algorithm allow-list (EdDSA only), `typ`,
-/// known `kid`, signature, `iss`, `aud`, `exp`, `nbf` and `iat` (within
-/// [`CLOCK_LEEWAY_SECS`]), then `jti` not revoked and the client still
-/// belonging to the agent.
+/// Verifies an access token against the snapshot: signature, `alg`/`typ`, `iss`, `aud`, `exp`,
+/// `nbf` and `iat` (each with [`CLOCK_LEEWAY_SECS`]), then that its `jti` is not revoked and
+/// its client still exists for its agent.
 pub fn verify(
     token: &str,
     snapshot: &PolicySnapshot,
     issuer: &str,
     audience: &str,
 ) -> Result<(Principal, AccessClaims), TokenError> {
+    let signed = verify_signed(token, snapshot, issuer, audience)?;
+    let principal = admit(&signed, snapshot)?;
+    Ok((principal, signed.claims))
+}
+
+/// What a token's signature proves, once verified: fixed for the token's life.
+#[derive(Debug)]
+struct Signed {
+    kid: String,
+    claims: AccessClaims,
+    jti: Uuid,
+}
+
+fn verify_signed(
+    token: &str,
+    snapshot: &PolicySnapshot,
+    issuer: &str,
+    audience: &str,
+) -> Result<Signed, TokenError> {
     let header =
         jsonwebtoken::decode_header(token).map_err(|e| TokenError::Malformed(e.to_string()))?;
     if header.alg != Algorithm::EdDSA {
@@ -140,7 +158,14 @@ pub fn verify(
     check_iat(Some(claims.iat), Utc::now().timestamp()).map_err(TokenError::Invalid)?;
     let jti = Uuid::parse_str(&claims.jti)
         .map_err(|_| TokenError::Invalid("jti is not a UUID".into()))?;
-    if snapshot.is_revoked(&jti) {
+    Ok(Signed { kid, claims, jti })
+}
+
+/// What can change while a token lives, checked on every request: revocation, and whether its
+/// client still exists for its agent.
+fn admit(signed: &Signed, snapshot: &PolicySnapshot) -> Result<Principal, TokenError> {
+    let claims = &signed.claims;
+    if snapshot.is_revoked(&signed.jti) {
         return Err(TokenError::Revoked);
     }
     if snapshot.client_agent(&claims.client_id) != Some(claims.sub.as_str()) {
@@ -151,13 +176,73 @@ pub fn verify(
         .iter()
         .filter_map(|p| GrantTarget::from_prefix(p))
         .collect();
-    Ok((
-        Principal {
-            agent: claims.sub.clone(),
-            client_id: claims.client_id.clone(),
-            jti: Some(jti),
-            prefixes,
-        },
-        claims,
-    ))
+    Ok(Principal {
+        agent: claims.sub.clone(),
+        client_id: claims.client_id.clone(),
+        jti: Some(signed.jti),
+        prefixes,
+    })
+}
+
+/// Most tokens [`VerifiedTokens`] remembers; beyond it, expired ones are dropped, then all.
+const MAX_VERIFIED: usize = 8192;
+
+/// Access tokens whose signature was verified, by their exact text, until they expire.
+///
+/// The Ed25519 check is the costliest step of a cheap request, and an agent sends the same
+/// token for its whole life (15 minutes by default). A hit skips only what the signature
+/// proves, which cannot change; expiry, the signing key still being trusted (rotation),
+/// revocation and the client are checked again on every request, from the snapshot. Only
+/// tokens we signed are remembered, so strangers cannot fill it.
+#[derive(Debug, Default)]
+pub struct VerifiedTokens {
+    entries: std::sync::Mutex<std::collections::HashMap<Box<str>, std::sync::Arc<Signed>>>,
+}
+
+impl VerifiedTokens {
+    /// [`verify`], remembering the signature check.
+    pub fn verify(
+        &self,
+        token: &str,
+        snapshot: &PolicySnapshot,
+        issuer: &str,
+        audience: &str,
+    ) -> Result<Principal, TokenError> {
+        let lock = || self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Utc::now().timestamp();
+        let hit = lock().get(token).cloned();
+        let signed = match hit {
+            Some(s) => {
+                let expired = s.claims.exp + CLOCK_LEEWAY_SECS as i64 <= now;
+                if expired || snapshot.verify_key(&s.kid).is_none() {
+                    lock().remove(token);
+                    // The full check names the reason, as for a token never seen.
+                    return verify(token, snapshot, issuer, audience).map(|(p, _)| p);
+                }
+                s
+            }
+            None => {
+                let s = std::sync::Arc::new(verify_signed(token, snapshot, issuer, audience)?);
+                let principal = admit(&s, snapshot)?;
+                let mut entries = lock();
+                if entries.len() >= MAX_VERIFIED {
+                    entries.retain(|_, v| v.claims.exp + CLOCK_LEEWAY_SECS as i64 > now);
+                    if entries.len() >= MAX_VERIFIED {
+                        entries.clear();
+                    }
+                }
+                entries.insert(token.into(), s);
+                return Ok(principal);
+            }
+        };
+        admit(&signed, snapshot)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }

@@ -302,6 +302,11 @@ async fn token_attacks_are_refused_with_401(pool: PgPool) {
 
     // A token of a deleted client dies with the client.
     let other = app.token_with(&id, &secret).await;
+    // Used once first, so that its signature check is remembered: the deletion still binds.
+    assert_eq!(
+        app.get("/openapi.json", Some(&other)).await.status,
+        StatusCode::OK
+    );
     let deleted = app
         .admin("DELETE", &format!("/api/v1/clients/{id}"), None)
         .await;
@@ -498,4 +503,80 @@ async fn a_client_assertion_not_yet_valid_or_issued_in_the_future_is_refused(poo
     );
     assert_eq!(future_iat.body["error"], "invalid_client");
     assert_eq!(fine.status, StatusCode::OK, "{}", fine.text);
+}
+
+/// A token whose signature check is remembered is still refused once it expires, once its key
+/// is no longer trusted, and once it is revoked: the memory skips only what cannot change.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_remembered_token_still_expires_and_dies_with_its_key(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let good = app.token_for("assistant").await;
+    let (_, claims, _) = parts(&good);
+
+    // Expired 55 s ago: inside the 60 s clock leeway for a few seconds more.
+    let now = chrono::Utc::now().timestamp();
+    let mut late = claims.clone();
+    late["exp"] = json!(now - 55);
+    late["jti"] = json!(uuid::Uuid::new_v4().to_string());
+    let late = forge(&pool, None, &late).await;
+    assert_eq!(
+        app.get("/openapi.json", Some(&late)).await.status,
+        StatusCode::OK
+    );
+    assert!(!app.state.verified_tokens.is_empty());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while chrono::Utc::now().timestamp() <= now + 6 {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        app.get("/openapi.json", Some(&late)).await.status,
+        StatusCode::UNAUTHORIZED,
+        "a remembered token was accepted after it expired"
+    );
+
+    // Two rotations: its key is no longer published, nor trusted.
+    assert_eq!(
+        app.get("/openapi.json", Some(&good)).await.status,
+        StatusCode::OK
+    );
+    toolgate::oauth::rotate_key(&pool, "test").await.unwrap();
+    toolgate::oauth::rotate_key(&pool, "test").await.unwrap();
+    app.state.reload_policy().await.unwrap();
+    assert_eq!(
+        app.get("/openapi.json", Some(&good)).await.status,
+        StatusCode::UNAUTHORIZED,
+        "a remembered token outlived its signing key"
+    );
+}
+
+/// What remembering a token's signature check saves per request: the full check against a
+/// remembered one, in turns, same token, same snapshot. A measurement, not a timed test:
+/// `cargo nextest run --run-ignored only -E 'test(token_check_cost)' --no-capture`.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+#[ignore = "a measurement; run on demand"]
+async fn token_check_cost(pool: PgPool) {
+    let app = TestApp::new(pool).await;
+    let token = app.token_for("assistant").await;
+    let snapshot = app.state.policy.load();
+    let (issuer, audience) = (&app.state.settings.issuer, &app.state.settings.audience);
+    let cache = toolgate::auth::token::VerifiedTokens::default();
+    let mut full = Vec::new();
+    let mut remembered = Vec::new();
+    for _ in 0..5000 {
+        let t = std::time::Instant::now();
+        toolgate::auth::token::verify(&token, &snapshot, issuer, audience).unwrap();
+        full.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = std::time::Instant::now();
+        cache.verify(&token, &snapshot, issuer, audience).unwrap();
+        remembered.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    full.sort_by(f64::total_cmp);
+    remembered.sort_by(f64::total_cmp);
+    println!(
+        "token check p50: full {:.1} µs, remembered {:.1} µs ({:.1}x less)",
+        full[2500],
+        remembered[2500],
+        full[2500] / remembered[2500]
+    );
 }
