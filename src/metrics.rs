@@ -15,6 +15,8 @@ pub struct Metrics {
     pub pool_load_errors: IntGauge,
     pub zero_match_grants: IntGauge,
     pub agents_without_tools: IntGauge,
+    /// Tools of pinned groups held for approval (hidden from every agent).
+    pub tools_held: IntGauge,
     /// Rate-limit checks the shared store (Redis) failed to answer in time.
     pub rate_limit_store_errors: IntCounter,
 }
@@ -54,6 +56,11 @@ impl Metrics {
         let agents_without_tools =
             IntGauge::new("agents_without_tools", "Agents whose grants match no tool")
                 .unwrap_or_else(|_| unreachable_metric());
+        let tools_held = IntGauge::new(
+            "tools_held",
+            "Tools of pinned groups whose definition changed, held until an admin approves it",
+        )
+        .unwrap_or_else(|_| unreachable_metric());
         let rate_limit_store_errors = IntCounter::new(
             "rate_limit_store_errors_total",
             "Rate-limit checks the shared store failed to answer in time",
@@ -67,6 +74,7 @@ impl Metrics {
             Box::new(pool_load_errors.clone()),
             Box::new(zero_match_grants.clone()),
             Box::new(agents_without_tools.clone()),
+            Box::new(tools_held.clone()),
             Box::new(rate_limit_store_errors.clone()),
         ] {
             let _ = registry.register(c);
@@ -80,6 +88,7 @@ impl Metrics {
             pool_load_errors,
             zero_match_grants,
             agents_without_tools,
+            tools_held,
             rate_limit_store_errors,
         }
     }

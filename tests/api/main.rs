@@ -11,6 +11,7 @@ mod limits;
 mod mcp;
 mod otel;
 mod perimeter;
+mod pins;
 mod policy;
 mod reload;
 mod rest;
