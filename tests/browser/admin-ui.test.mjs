@@ -304,7 +304,7 @@ test("an admin fixes a typo grant in the browser and exports the audit log", { t
     await shot("15-held-tool-diff.png");
     await held.getByRole("button", { name: "Approve this definition" }).click();
     await page.waitForURL(`${base}/admin/tools/pending`);
-    assert.match(await page.locator(".flash").textContent(), /Approved the new definition of weather__current/);
+    assert.match(await page.locator('.flash[role="status"]').textContent(), /Approved the new definition of weather__current/);
     assert.equal(await page.locator("article.held").count(), 0);
     await page.goto(`${base}/admin`);
     assert.equal(await page.locator('.problems li[data-problem="held-tools"]').count(), 0);
