@@ -282,8 +282,43 @@ impl AppState {
             {
                 tracing::warn!(error = %e, "writing the catalog to the database failed");
             }
+            state.record_pin_changes(&catalog).await;
         });
         n
+    }
+
+    /// Records the held tools of `catalog` as pending (once across instances) and approves the
+    /// first listing of never-approved upstream groups; a first-use approval is then served
+    /// here at once, and elsewhere on NOTIFY.
+    ///
+    /// Boxed: a reload may itself record changes, and the two futures must not contain each
+    /// other's types.
+    fn record_pin_changes<'a>(
+        &'a self,
+        catalog: &'a crate::pool::Catalog,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        Box::pin(async move {
+            match db::pins::detect(&self.db, catalog).await {
+                Ok(d) => {
+                    if d.held > 0 {
+                        tracing::warn!(
+                            tools = d.held,
+                            "tool definitions changed in pinned groups: held until an admin approves them"
+                        );
+                    }
+                    if d.first_use > 0 {
+                        tracing::info!(
+                            tools = d.first_use,
+                            "approved the first listing of an upstream group (trust on first use)"
+                        );
+                        if let Err(e) = self.reload_policy().await {
+                            tracing::warn!(error = %e, "policy reload failed");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "recording held tool definitions failed"),
+            }
+        })
     }
 
     /// Re-reads the control plane from Postgres into the snapshot.
@@ -292,6 +327,16 @@ impl AppState {
         self.policy.set_state(state);
         self.reconcile_upstreams().await?;
         self.refresh_gauges();
+        if self.policy.load().held_count() > 0 {
+            // A group pinned elsewhere (another instance, the command line) may hold tools that
+            // only this instance's catalog has: record them too.
+            let state = self.clone();
+            tokio::spawn(async move {
+                let _one_at_a_time = state.catalog_sync.lock().await;
+                let catalog = state.policy.catalog();
+                state.record_pin_changes(&catalog).await;
+            });
+        }
         Ok(())
     }
 
@@ -340,6 +385,7 @@ impl AppState {
         self.metrics
             .argument_rule_problems
             .set(snap.argument_problem_count() as i64);
+        self.metrics.tools_held.set(snap.held_count() as i64);
     }
 }
 

@@ -3,7 +3,8 @@
 use std::process::ExitCode;
 
 use crate::config::{
-    AdminCommand, AuditCommand, Cli, ClientCommand, Command, KeysCommand, PolicyArgs, PolicyCommand,
+    AdminCommand, AuditCommand, Cli, ClientCommand, Command, KeysCommand, PolicyArgs,
+    PolicyCommand, ToolsCommand,
 };
 use crate::pool::loader::{LoaderSettings, load_pool};
 use crate::{app, db, oauth, policy, service, telemetry};
@@ -46,6 +47,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Client { command } => client_command(command).await,
         Command::Audit { command } => audit_command(command).await,
         Command::Admin { command } => admin_command(command).await,
+        Command::Tools { command } => tools_command(command).await,
         Command::Keys {
             command: KeysCommand::Rotate { db: db_args },
         } => {
@@ -371,6 +373,108 @@ fn verify_file(
     }
     let run = run.unwrap_or_else(|| Verification::new(None, None, &[], key));
     Ok(run.finish(trailer.as_ref(), true))
+}
+
+async fn tools_command(command: ToolsCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        ToolsCommand::Pending { db: db_args, json } => {
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
+            db::migrate(&pool, &db_args.database_url).await?;
+            let mut conn = pool.acquire().await?;
+            let pending = db::pins::pending(&mut conn).await?;
+            if json {
+                let rows: Vec<serde_json::Value> = pending
+                    .iter()
+                    .map(|p| {
+                        let mut v = serde_json::json!(p);
+                        v["diff"] = crate::pool::definition::diff(
+                            p.previous_definition.as_ref(),
+                            &p.definition,
+                        )
+                        .into();
+                        v
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            if pending.is_empty() {
+                println!("no tool is held");
+            }
+            for p in &pending {
+                let status = match &p.rejected_by {
+                    Some(by) => format!("rejected by {by}"),
+                    None => "pending".to_owned(),
+                };
+                println!(
+                    "{} ({status}, {} change, first seen {})",
+                    p.name,
+                    p.source,
+                    p.first_seen.format("%Y-%m-%d %H:%M:%S UTC")
+                );
+                println!(
+                    "  approved: {}",
+                    p.previous_hash.as_deref().unwrap_or("none (a new tool)")
+                );
+                println!("  held:     {}", p.hash);
+                let diff =
+                    crate::pool::definition::diff(p.previous_definition.as_ref(), &p.definition);
+                if diff.is_empty() {
+                    println!("  (same definition: the script or App file behind it changed)");
+                }
+                // JSON escapes control characters, so outside text cannot drive the terminal.
+                for line in diff.lines() {
+                    println!("  {line}");
+                }
+                println!();
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ToolsCommand::Approve {
+            db: db_args,
+            name,
+            hash,
+        } => decide_tool(&db_args, &name, hash.as_deref(), true).await,
+        ToolsCommand::Reject {
+            db: db_args,
+            name,
+            hash,
+        } => decide_tool(&db_args, &name, hash.as_deref(), false).await,
+    }
+}
+
+/// `tools approve` (or `reject`) of the held definition of `name` with `hash`, by default its
+/// newest: the command line has no catalog to say which one is served.
+async fn decide_tool(
+    db_args: &crate::config::DbArgs,
+    name: &str,
+    hash: Option<&str>,
+    approve: bool,
+) -> anyhow::Result<ExitCode> {
+    crate::pool::ToolName::parse(name).map_err(anyhow::Error::msg)?;
+    if let Some(h) = hash {
+        service::parse_hash(h)?;
+    }
+    let pool = db::connect_existing(&db_args.database_url, 2).await?;
+    db::migrate(&pool, &db_args.database_url).await?;
+    let mut tx = pool.begin().await?;
+    let decided = if approve {
+        db::pins::approve(&mut tx, "cli", name, hash).await?
+    } else {
+        db::pins::reject(&mut tx, "cli", name, hash).await?
+    };
+    tx.commit().await?;
+    match decided {
+        Some(d) => {
+            let key = if approve { "approved" } else { "rejected" };
+            println!("{}", serde_json::json!({ key: d }));
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            eprintln!("no held definition of tool {name}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
 }
 
 async fn admin_command(command: AdminCommand) -> anyhow::Result<ExitCode> {

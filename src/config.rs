@@ -61,6 +61,11 @@ pub enum Command {
         #[command(subcommand)]
         command: AdminCommand,
     },
+    /// Tools of pinned groups held for approval: list, approve or reject them.
+    Tools {
+        #[command(subcommand)]
+        command: ToolsCommand,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -281,6 +286,37 @@ pub enum ClientCommand {
         #[command(flatten)]
         db: DbArgs,
         client_id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ToolsCommand {
+    /// Held definitions of pinned groups: old and new hash, and a diff of the definitions.
+    Pending {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a held definition: every instance serves it within a second.
+    Approve {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The tool (`<group>__<tool>`).
+        name: String,
+        /// The content hash to approve; by default the tool's newest held definition.
+        #[arg(long)]
+        hash: Option<String>,
+    },
+    /// Reject a held definition: it stays held, marked rejected.
+    Reject {
+        #[command(flatten)]
+        db: DbArgs,
+        name: String,
+        /// The content hash to reject; by default the newest one not yet rejected.
+        #[arg(long)]
+        hash: Option<String>,
     },
 }
 

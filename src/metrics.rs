@@ -17,6 +17,8 @@ pub struct Metrics {
     pub agents_without_tools: IntGauge,
     /// Argument rules that cannot do what their author meant.
     pub argument_rule_problems: IntGauge,
+    /// Tools of pinned groups held for approval (hidden from every agent).
+    pub tools_held: IntGauge,
     /// Rate-limit checks the shared store (Redis) failed to answer in time.
     pub rate_limit_store_errors: IntCounter,
 }
@@ -61,6 +63,11 @@ impl Metrics {
             "Argument rules that name a missing parameter or ungranted tool, misfit its type, or refuse every call",
         )
         .unwrap_or_else(|_| unreachable_metric());
+        let tools_held = IntGauge::new(
+            "tools_held",
+            "Tools of pinned groups whose definition changed, held until an admin approves it",
+        )
+        .unwrap_or_else(|_| unreachable_metric());
         let rate_limit_store_errors = IntCounter::new(
             "rate_limit_store_errors_total",
             "Rate-limit checks the shared store failed to answer in time",
@@ -75,6 +82,7 @@ impl Metrics {
             Box::new(zero_match_grants.clone()),
             Box::new(agents_without_tools.clone()),
             Box::new(argument_rule_problems.clone()),
+            Box::new(tools_held.clone()),
             Box::new(rate_limit_store_errors.clone()),
         ] {
             let _ = registry.register(c);
@@ -89,6 +97,7 @@ impl Metrics {
             zero_match_grants,
             agents_without_tools,
             argument_rule_problems,
+            tools_held,
             rate_limit_store_errors,
         }
     }

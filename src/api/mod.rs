@@ -31,6 +31,10 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/grants/preview", get(preview_grant))
         .route("/tools", get(list_tools))
         .route("/groups", get(list_groups))
+        .route("/groups/{name}/pin", axum::routing::put(set_group_pin))
+        .route("/tools/pending", get(pending_tools))
+        .route("/tools/{name}/approve", post(approve_tool))
+        .route("/tools/{name}/reject", post(reject_tool))
         .route("/pool/errors", get(pool_errors))
         .route("/tokens/revoke", post(revoke_token))
         .route(
@@ -348,6 +352,7 @@ async fn list_tools(State(state): State<AppState>) -> Json<Value> {
             json!({
                 "name": t.name, "group": t.group, "title": t.title, "description": t.description,
                 "input_schema": *t.input_schema, "source": t.source, "content_hash": t.content_hash,
+                "held": snapshot.is_held(t.name.as_str()),
             })
         })
         .collect();
@@ -361,6 +366,63 @@ async fn list_groups(State(state): State<AppState>) -> Json<Value> {
 
 async fn pool_errors(State(state): State<AppState>) -> Json<Value> {
     Json(json!({"errors": state.policy.load().catalog.load_errors()}))
+}
+
+async fn pending_tools(State(state): State<AppState>) -> ApiResult<Json<Value>> {
+    Ok(Json(
+        json!({"pending": service::pending_tools(&state).await?}),
+    ))
+}
+
+/// Which held definition a decision is for; without a hash, the one this instance serves.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct DecisionBody {
+    hash: Option<String>,
+}
+
+fn decision_body(body: &[u8]) -> Result<DecisionBody, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(DecisionBody::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError(ServiceError::Invalid(format!("invalid JSON body: {e}"))))
+}
+
+async fn approve_tool(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<Value>> {
+    let body = decision_body(&body)?;
+    let d = service::approve_tool(&state, API_ACTOR, &name, body.hash.as_deref()).await?;
+    Ok(Json(json!({"approved": d})))
+}
+
+async fn reject_tool(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<Value>> {
+    let body = decision_body(&body)?;
+    let d = service::reject_tool(&state, API_ACTOR, &name, body.hash.as_deref()).await?;
+    Ok(Json(json!({"rejected": d})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PinBody {
+    /// `true`, `false`, or `null` for the default.
+    pin: Option<bool>,
+}
+
+async fn set_group_pin(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Json(body): Json<PinBody>,
+) -> ApiResult<Json<Value>> {
+    let done = service::set_group_pin(&state, API_ACTOR, &name, body.pin).await?;
+    Ok(Json(json!(done)))
 }
 
 #[derive(Deserialize)]

@@ -123,6 +123,13 @@ text_enum! {
         AdminLogout = "admin.logout",
         AuditExport = "audit.export",
         Retention = "audit.retention",
+        /// A tool of a pinned group changed (or appeared) and is held: both hashes, and whether
+        /// a `folder` edit or an `upstream` re-list changed it.
+        ToolDefinitionChanged = "tool.definition_changed",
+        /// An admin (or `first-use`) approved a definition: it is served.
+        ToolDefinitionApproved = "tool.definition_approved",
+        /// An admin rejected a definition: it stays held.
+        ToolDefinitionRejected = "tool.definition_rejected",
     }
 }
 

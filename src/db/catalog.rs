@@ -18,13 +18,14 @@ pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Resul
         .await?;
     for t in catalog.tools() {
         sqlx::query(
-            "INSERT INTO tools (name, group_name, title, description, input_schema, content_hash, source, origin)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            "INSERT INTO tools (name, group_name, title, description, input_schema, content_hash, source, origin, definition)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (name) DO UPDATE SET group_name = EXCLUDED.group_name, title = EXCLUDED.title,
                  description = EXCLUDED.description, input_schema = EXCLUDED.input_schema,
                  content_hash = EXCLUDED.content_hash, source = EXCLUDED.source, origin = EXCLUDED.origin,
-                 updated_at = now()
-             WHERE tools.content_hash IS DISTINCT FROM EXCLUDED.content_hash OR tools.origin <> EXCLUDED.origin",
+                 definition = EXCLUDED.definition, updated_at = now()
+             WHERE tools.content_hash IS DISTINCT FROM EXCLUDED.content_hash OR tools.origin <> EXCLUDED.origin
+                 OR tools.definition IS NULL",
         )
         .bind(t.name.as_str())
         .bind(&t.group)
@@ -34,6 +35,7 @@ pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Resul
         .bind(&t.content_hash)
         .bind(t.source.label())
         .bind(origin)
+        .bind(t.definition())
         .execute(&mut *tx)
         .await?;
     }

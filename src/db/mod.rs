@@ -4,6 +4,7 @@ pub mod admin;
 pub mod assertions;
 pub mod audit;
 pub mod catalog;
+pub mod pins;
 pub mod policy;
 pub mod roles;
 pub mod signin;

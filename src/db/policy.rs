@@ -37,8 +37,10 @@ pub async fn load_state(pool: &PgPool) -> sqlx::Result<PolicyState> {
         .fetch_all(&mut *tx)
         .await?;
     let keys = verify_keys(&mut tx).await?;
+    let pins = super::pins::load(&mut tx).await?;
     tx.commit().await?;
     Ok(PolicyState {
+        pins,
         agents,
         clients,
         revoked,
@@ -414,11 +416,15 @@ pub struct GroupMeta {
     pub description: String,
     #[serde(default)]
     pub owner: String,
+    /// `Some(true)`: changed or new tools are held until approved; `None`: the default
+    /// (pinned for upstream groups, not for script groups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin: Option<bool>,
 }
 
 pub async fn groups(conn: &mut PgConnection) -> sqlx::Result<Vec<GroupMeta>> {
     Ok(
-        sqlx::query("SELECT name, description, owner FROM tool_groups ORDER BY name")
+        sqlx::query("SELECT name, description, owner, pin FROM tool_groups ORDER BY name")
             .fetch_all(&mut *conn)
             .await?
             .into_iter()
@@ -426,6 +432,7 @@ pub async fn groups(conn: &mut PgConnection) -> sqlx::Result<Vec<GroupMeta>> {
                 name: r.get(0),
                 description: r.get(1),
                 owner: r.get(2),
+                pin: r.get(3),
             })
             .collect(),
     )
@@ -438,12 +445,13 @@ pub async fn upsert_group(
     g: &GroupMeta,
 ) -> sqlx::Result<()> {
     sqlx::query(
-        "INSERT INTO tool_groups (name, description, owner) VALUES ($1, $2, $3)
-         ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description, owner = EXCLUDED.owner, updated_at = now()",
+        "INSERT INTO tool_groups (name, description, owner, pin) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description, owner = EXCLUDED.owner, pin = EXCLUDED.pin, updated_at = now()",
     )
     .bind(&g.name)
     .bind(&g.description)
     .bind(&g.owner)
+    .bind(g.pin)
     .execute(&mut *conn)
     .await?;
     record_change(

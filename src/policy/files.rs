@@ -149,6 +149,8 @@ struct GroupEntry {
     description: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     owner: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pin: Option<bool>,
 }
 
 fn shown(dir: &Path, path: &Path) -> String {
@@ -333,6 +335,7 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
                         name,
                         description: e.description,
                         owner: e.owner,
+                        pin: e.pin,
                     })
                     .collect();
             }
@@ -649,7 +652,15 @@ impl fmt::Display for Change {
                 before: None,
                 after,
             } => write!(f, "+ group {}", after.name),
-            Change::SetGroup { after, .. } => write!(f, "~ group {}", after.name),
+            Change::SetGroup { before, after } => {
+                write!(f, "~ group {}", after.name)?;
+                let pin = before.as_ref().and_then(|b| b.pin);
+                if pin != after.pin {
+                    let shown = |p: Option<bool>| p.map_or("unset".to_owned(), |p| p.to_string());
+                    write!(f, " pin {} -> {}", shown(pin), shown(after.pin))?;
+                }
+                Ok(())
+            }
             Change::DeleteGroup { name } => write!(f, "- group {name}"),
             Change::SetUpstream {
                 name, before: None, ..
@@ -853,6 +864,7 @@ pub async fn apply_dir(
         .execute(&mut *tx)
         .await?;
     let state = db::policy::load_state(pool).await?;
+    let pinned_before = db::pins::pinned_groups(&mut tx).await?;
     let groups = db::policy::groups(&mut tx).await?;
     let upstreams = db::policy::upstreams(&mut tx).await?;
     let changes = plan(&policies, &state.agents, &groups, &upstreams);
@@ -904,6 +916,14 @@ pub async fn apply_dir(
                     db::policy::delete_upstream(&mut tx, actor, name).await?;
                 }
             }
+        }
+        // A group pinned by this apply starts from what it serves now, approved by whoever
+        // applied (trust on first use, per group).
+        for group in db::pins::pinned_groups(&mut tx)
+            .await?
+            .difference(&pinned_before)
+        {
+            db::pins::baseline(&mut tx, actor, group, catalog).await?;
         }
         tx.commit().await?;
     }
@@ -983,6 +1003,7 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
                     GroupEntry {
                         description: g.description,
                         owner: g.owner,
+                        pin: g.pin,
                     },
                 )
             })

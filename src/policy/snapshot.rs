@@ -145,9 +145,28 @@ pub struct VerifyKey {
     pub public_key: Vec<u8>,
 }
 
+/// Which groups are pinned and what their tools' approved definitions are.
+#[derive(Debug, Clone, Default)]
+pub struct PinState {
+    pub groups: HashSet<String>,
+    /// Approved content hash by tool name.
+    pub approved: HashMap<String, String>,
+}
+
+impl PinState {
+    /// A tool of a pinned group is held while its definition is not the approved one (a new
+    /// tool has none). The previously approved definition is not served in its place: this
+    /// instance no longer has it, and serving stale text under a new script would be worse.
+    pub fn holds(&self, tool: &Tool) -> bool {
+        self.groups.contains(&tool.group)
+            && self.approved.get(tool.name.as_str()) != Some(&tool.content_hash)
+    }
+}
+
 /// The control-plane state as read from Postgres in one go.
 #[derive(Debug, Clone, Default)]
 pub struct PolicyState {
+    pub pins: PinState,
     pub agents: Vec<AgentRecord>,
     pub clients: Vec<ClientRecord>,
     pub revoked: Vec<Uuid>,
@@ -212,6 +231,8 @@ pub struct PolicySnapshot {
     agents: HashMap<String, Arc<AgentView>>,
     clients: HashMap<String, String>,
     revoked: HashSet<Uuid>,
+    /// Tools of the catalog that no agent may see or call: pinned and not approved as they are.
+    held: HashSet<String>,
     keys: HashMap<String, Vec<u8>>,
     /// Tokens of visible tools' definitions, computed on first use: a pure function of this
     /// snapshot, so it lives and dies with it.
@@ -232,6 +253,11 @@ impl PolicySnapshot {
         search: Arc<SearchIndex>,
         state: &PolicyState,
     ) -> Self {
+        let held: HashSet<String> = catalog
+            .tools()
+            .filter(|t| state.pins.holds(t))
+            .map(|t| t.name.as_str().to_owned())
+            .collect();
         let agents = state
             .agents
             .iter()
@@ -246,7 +272,13 @@ impl PolicySnapshot {
                     .iter()
                     .map(|g| {
                         let matched = GrantTarget::parse(&g.target)
-                            .map(|t| t.matched(&catalog).len())
+                            .map(|t| {
+                                let matched = t.matched(&catalog);
+                                matched
+                                    .iter()
+                                    .filter(|n| !held.contains(n.as_str()))
+                                    .count()
+                            })
                             .unwrap_or(0);
                         GrantMatch {
                             id: g.id,
@@ -263,6 +295,7 @@ impl PolicySnapshot {
                 let visible: Vec<Arc<Tool>> = catalog
                     .tools()
                     .filter(|t| grants.iter().any(|g| g.matches(t.name.as_str())))
+                    .filter(|t| !held.contains(t.name.as_str()))
                     .cloned()
                     .collect();
                 // Agents without rules (most) share the pool's tools as they are.
@@ -298,6 +331,7 @@ impl PolicySnapshot {
                 .map(|c| (c.client_id.clone(), c.agent.clone()))
                 .collect(),
             revoked: state.revoked.iter().copied().collect(),
+            held,
             keys: state
                 .keys
                 .iter()
@@ -357,11 +391,25 @@ impl PolicySnapshot {
         if !may_use(&agent.grants, &principal.prefixes, name) {
             return None;
         }
+        if self.held.contains(name) {
+            return None;
+        }
         agent
             .narrowed
             .get(name)
             .or_else(|| self.catalog.get(name))
             .cloned()
+    }
+
+    /// Whether `name` is a catalog tool held for approval (admin views only: to an agent a
+    /// held tool is simply not there).
+    pub fn is_held(&self, name: &str) -> bool {
+        self.held.contains(name)
+    }
+
+    /// How many tools are held for approval.
+    pub fn held_count(&self) -> usize {
+        self.held.len()
     }
 
     /// How `principal`'s `tools/list` is served: `Full` or `Search`, with `Auto` resolved

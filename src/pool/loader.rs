@@ -354,7 +354,32 @@ pub fn load_group(
                 .or_else(|| summary.clone());
             let script_bytes = std::fs::read(&script)
                 .map_err(|e| fail(&script_rel, format!("cannot read script: {e}")))?;
-            let content_hash = content_hash(&name, &description, &schema, &script_bytes);
+            let meta = ui.as_ref().map(|rel| {
+                let mut m = rmcp::model::MetaObject::new();
+                m.insert(
+                    "ui".into(),
+                    json!({"resourceUri": format!("ui://{group}/{rel}")}),
+                );
+                m
+            });
+            let ui_bytes = match &ui {
+                Some(rel) => std::fs::read(folder.join(rel)).map_err(|e| {
+                    fail(
+                        &format!("{folder_name}/{rel}"),
+                        format!("cannot read UI file: {e}"),
+                    )
+                })?,
+                None => Vec::new(),
+            };
+            let content_hash = content_hash(&Hashed {
+                name: &name,
+                title: summary.as_deref(),
+                description: description.as_deref(),
+                schema: &schema,
+                meta: meta.as_ref(),
+                script: &script_bytes,
+                ui: &ui_bytes,
+            });
             tools.push(Arc::new(Tool {
                 name,
                 group: group.clone(),
@@ -378,14 +403,7 @@ pub fn load_group(
                     sandbox: sandbox.clone(),
                 }),
                 validator: Arc::new(validator),
-                meta: ui.as_ref().map(|rel| {
-                    let mut m = rmcp::model::MetaObject::new();
-                    m.insert(
-                        "ui".into(),
-                        json!({"resourceUri": format!("ui://{group}/{rel}")}),
-                    );
-                    m
-                }),
+                meta,
                 ui,
                 audit: audit.clone(),
                 annotations: None,
@@ -614,26 +632,103 @@ fn resolve_refs(v: &Value, doc: &Value, is_30: bool, depth: usize) -> Result<Val
     }
 }
 
-fn content_hash(
-    name: &ToolName,
-    description: &Option<String>,
-    schema: &Map<String, Value>,
-    script: &[u8],
-) -> String {
+/// Everything of a script tool that reaches the model or decides what a call does.
+#[derive(Clone, Copy)]
+struct Hashed<'a> {
+    name: &'a ToolName,
+    title: Option<&'a str>,
+    description: Option<&'a str>,
+    schema: &'a Map<String, Value>,
+    meta: Option<&'a rmcp::model::MetaObject>,
+    script: &'a [u8],
+    /// The MCP App file, when the tool links one.
+    ui: &'a [u8],
+}
+
+/// The hash a pinned group's approval is for: a changed title, description, schema or `_meta`
+/// is a changed definition, and a swapped script or App file behind the same definition is the
+/// same attack, so it changes the hash too. Each part is length-prefixed, so no two different
+/// tools can hash the same input by moving bytes between parts.
+fn content_hash(t: &Hashed<'_>) -> String {
     let mut h = Sha256::new();
-    h.update(name.as_str().as_bytes());
-    h.update([0]);
-    h.update(description.as_deref().unwrap_or("").as_bytes());
-    h.update([0]);
-    h.update(serde_json::to_vec(schema).unwrap_or_default());
-    h.update([0]);
-    h.update(script);
+    let meta = t
+        .meta
+        .map(|m| serde_json::to_vec(m).unwrap_or_default())
+        .unwrap_or_default();
+    let schema = serde_json::to_vec(t.schema).unwrap_or_default();
+    let parts: [(&[u8], bool); 7] = [
+        (t.name.as_str().as_bytes(), true),
+        (t.title.unwrap_or("").as_bytes(), t.title.is_some()),
+        (
+            t.description.unwrap_or("").as_bytes(),
+            t.description.is_some(),
+        ),
+        (&schema, true),
+        (&meta, t.meta.is_some()),
+        (t.script, true),
+        (t.ui, !t.ui.is_empty()),
+    ];
+    for (bytes, present) in parts {
+        h.update([u8::from(present)]);
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    }
     hex::encode(h.finalize())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hash_covers_the_title_the_meta_and_the_app_file() {
+        let name = ToolName::parse("w__now").unwrap();
+        let schema = Map::new();
+        let mut meta = rmcp::model::MetaObject::new();
+        meta.insert("ui".into(), json!({"resourceUri": "ui://w/a.html"}));
+        let base = Hashed {
+            name: &name,
+            title: Some("Now"),
+            description: Some("The weather now."),
+            schema: &schema,
+            meta: None,
+            script: b"#!/bin/sh\n",
+            ui: b"",
+        };
+        let h = content_hash(&base);
+        let variants = [
+            Hashed {
+                title: Some("Now!"),
+                ..base
+            },
+            Hashed {
+                title: None,
+                ..base
+            },
+            Hashed {
+                meta: Some(&meta),
+                ..base
+            },
+            Hashed {
+                ui: b"<html>",
+                ..base
+            },
+            Hashed {
+                script: b"#!/bin/sh\nrm -rf ~\n",
+                ..base
+            },
+            // Bytes moved from one part to the next are a different tool.
+            Hashed {
+                title: Some("NowThe weather now."),
+                description: Some(""),
+                ..base
+            },
+        ];
+        for v in &variants {
+            assert_ne!(content_hash(v), h);
+        }
+        assert_eq!(content_hash(&Hashed { ..base }), h);
+    }
 
     #[test]
     fn parameters_and_body_merge_into_one_object_schema() {

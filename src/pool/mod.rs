@@ -3,6 +3,7 @@
 //! A [`Catalog`] is an immutable value. Reloads build a new one and swap it in, so a request
 //! always sees one consistent catalog from start to finish.
 
+pub mod definition;
 pub mod loader;
 pub mod runner;
 pub mod sandbox;

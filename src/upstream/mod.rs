@@ -60,6 +60,10 @@ pub struct UpstreamSpec {
     /// How often the tool list is re-read.
     #[serde(default = "default_refresh")]
     pub refresh_secs: u64,
+    /// An upstream's group is pinned unless this says `false` (`groups.yaml` `pin:` wins): a
+    /// changed or new tool is held until an admin approves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

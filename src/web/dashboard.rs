@@ -117,6 +117,8 @@ struct DashboardPage {
     calls_24h: String,
     denials_24h: String,
     rows: Vec<AgentRow>,
+    /// Tools of pinned groups held for approval.
+    held: usize,
 }
 
 pub async fn show(State(state): State<AppState>, ctx: Ctx) -> Result<Response, WebError> {
@@ -137,6 +139,7 @@ pub async fn show(State(state): State<AppState>, ctx: Ctx) -> Result<Response, W
         grants: summaries.iter().map(|a| a.grants.len()).sum(),
         calls_24h: thousands(calls.max(0) as usize),
         denials_24h: thousands(denials.max(0) as usize),
+        held: snapshot.held_count(),
         rows: summaries
             .iter()
             .map(|a| AgentRow {

@@ -14,6 +14,7 @@ mod dashboard;
 mod error;
 mod grants;
 mod limits;
+mod pins;
 mod session;
 mod tools;
 pub mod users;
@@ -68,6 +69,9 @@ pub fn router(state: AppState) -> Router<AppState> {
             get(grants::confirm_remove).post(grants::remove),
         )
         .route("/tools", get(tools::index))
+        .route("/tools/pending", get(pins::index))
+        .route("/tools/pending/approve", axum::routing::post(pins::approve))
+        .route("/tools/pending/reject", axum::routing::post(pins::reject))
         .route("/limits", get(limits::index))
         .route("/audit", get(audit::index))
         .route("/audit/export", get(audit::export))

@@ -30,6 +30,8 @@ pub struct ToolView {
     pub schema: String,
     pub source: String,
     pub agents: Vec<String>,
+    /// Pinned and not approved as it is: served to no agent.
+    pub held: bool,
 }
 
 #[derive(Template)]
@@ -68,6 +70,7 @@ pub async fn index(State(state): State<AppState>, ctx: Ctx) -> Result<Response, 
                 ToolSource::Script { folder } => format!("script in tools/{folder}"),
                 ToolSource::Upstream { upstream } => format!("upstream MCP server {upstream}"),
             },
+            held: snapshot.is_held(t.name.as_str()),
             agents: agents
                 .iter()
                 .filter(|a| a.visible.iter().any(|v| v.name == t.name))

@@ -12,6 +12,7 @@ mod limits;
 mod mcp;
 mod otel;
 mod perimeter;
+mod pins;
 mod policy;
 mod reload;
 mod rest;

@@ -16,7 +16,7 @@ const EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
 ///
 /// Tests run in parallel processes: each installs into its own directory and renames it into
 /// place, so a half-written install is never seen and the first complete one wins.
-fn everything_entry() -> PathBuf {
+pub fn everything_entry() -> PathBuf {
     let dir = repo_path("target/test-deps");
     let entry = dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     if !entry.is_file() {

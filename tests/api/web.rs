@@ -13,7 +13,7 @@ use crate::helpers::{Reply, TestApp, repo_path, single_op, write_group};
 const PASSWORD: &str = "correct horse battery staple";
 
 /// A cookie jar over [`TestApp`], signed in as one admin user.
-struct Browser<'a> {
+pub(crate) struct Browser<'a> {
     app: &'a TestApp,
     cookies: HashMap<String, String>,
 }
@@ -27,7 +27,7 @@ impl<'a> Browser<'a> {
     }
 
     /// Creates `username` with `role` and signs in.
-    async fn signed_in(app: &'a TestApp, username: &str, role: &str) -> Self {
+    pub(crate) async fn signed_in(app: &'a TestApp, username: &str, role: &str) -> Self {
         toolgate::web::users::create_user(&app.state.db, "test", username, PASSWORD, role)
             .await
             .unwrap();
@@ -74,7 +74,7 @@ impl<'a> Browser<'a> {
             .join("; ")
     }
 
-    async fn get(&mut self, uri: &str) -> Reply {
+    pub(crate) async fn get(&mut self, uri: &str) -> Reply {
         let req = Request::get(uri)
             .header(header::COOKIE, self.cookie_header())
             .body(Body::empty())
@@ -84,7 +84,7 @@ impl<'a> Browser<'a> {
         r
     }
 
-    async fn post(&mut self, uri: &str, form: &[(&str, &str)]) -> Reply {
+    pub(crate) async fn post(&mut self, uri: &str, form: &[(&str, &str)]) -> Reply {
         let body = url::form_urlencoded::Serializer::new(String::new())
             .extend_pairs(form)
             .finish();
@@ -99,7 +99,7 @@ impl<'a> Browser<'a> {
     }
 
     /// A POST with this session's CSRF token, read from `page` as a browser would.
-    async fn submit(&mut self, page: &str, uri: &str, form: &[(&str, &str)]) -> Reply {
+    pub(crate) async fn submit(&mut self, page: &str, uri: &str, form: &[(&str, &str)]) -> Reply {
         let html = self.get(page).await.text;
         let csrf = csrf_of(&html);
         let mut fields = vec![("csrf", csrf.as_str())];
@@ -312,6 +312,7 @@ async fn every_page_renders_for_every_role_with_a_strict_csp(pool: PgPool) {
         "/admin/grants".to_owned(),
         "/admin/grants/new?agent=assistant&target=serch".to_owned(),
         "/admin/tools".to_owned(),
+        "/admin/tools/pending".to_owned(),
         "/admin/limits".to_owned(),
         "/admin/agents/meteo/limits".to_owned(),
         "/admin/audit".to_owned(),

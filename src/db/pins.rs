@@ -1,0 +1,483 @@
+//! Pinned groups: which tool definitions an admin approved, which are held for approval, and
+//! the audit of every change, approval and rejection, in the control-plane chain and in the
+//! transaction of the change it records.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{Value, json};
+use sqlx::{PgConnection, PgPool, Row};
+
+use super::record_change;
+use crate::audit::{AuditEvent, EventKind, Outcome};
+use crate::policy::snapshot::PinState;
+use crate::pool::{Catalog, Tool, ToolSource};
+
+/// Who approves the first listing of an upstream group that never had an approval.
+pub const FIRST_USE: &str = "first-use";
+
+/// The groups pinned now: `groups.yaml` (or the API) says `pin: true`, or the group is an
+/// upstream whose spec does not say `pin: false` and `groups.yaml` says nothing.
+const PINNED_GROUPS: &str = "SELECT name FROM tool_groups WHERE pin
+     UNION
+     SELECT u.name FROM upstreams u LEFT JOIN tool_groups g ON g.name = u.name
+     WHERE g.pin IS NULL
+       AND CASE WHEN jsonb_typeof(u.spec->'pin') = 'boolean' THEN (u.spec->'pin')::boolean ELSE true END";
+
+/// Serialises recording changes with approving them, across instances: a check that finds no
+/// approval must not race an approval being written.
+async fn lock(conn: &mut PgConnection) -> sqlx::Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock(7470114)")
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn pinned_groups(conn: &mut PgConnection) -> sqlx::Result<BTreeSet<String>> {
+    Ok(sqlx::query_scalar::<_, String>(PINNED_GROUPS)
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .collect())
+}
+
+/// What the snapshot needs: the pinned groups and every approved hash.
+pub async fn load(conn: &mut PgConnection) -> sqlx::Result<PinState> {
+    let groups = pinned_groups(conn).await?.into_iter().collect();
+    let approved =
+        sqlx::query_as::<_, (String, String)>("SELECT name, content_hash FROM tool_approvals")
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .collect();
+    Ok(PinState { groups, approved })
+}
+
+fn source_word(t: &Tool) -> &'static str {
+    match t.source {
+        ToolSource::Script { .. } => "folder",
+        ToolSource::Upstream { .. } => "upstream",
+    }
+}
+
+async fn audit(
+    conn: &mut PgConnection,
+    kind: EventKind,
+    tool: &str,
+    actor: Option<&str>,
+    details: Value,
+) -> sqlx::Result<()> {
+    let mut event = AuditEvent::new(kind, Outcome::Success).from_current_origin();
+    event.admin_user = actor.map(str::to_owned);
+    event.tool = Some(tool.to_owned());
+    event.resource = Some(format!("tool:{tool}"));
+    event.details = Some(details.to_string());
+    super::audit::append_in_tx(conn, crate::audit::instance_name(), event).await
+}
+
+async fn upsert_approval(
+    conn: &mut PgConnection,
+    name: &str,
+    group: &str,
+    hash: &str,
+    definition: &Value,
+    actor: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO tool_approvals (name, group_name, content_hash, definition, approved_by, approved_at)
+         VALUES ($1, $2, $3, $4, $5, now())
+         ON CONFLICT (name) DO UPDATE SET group_name = EXCLUDED.group_name,
+             content_hash = EXCLUDED.content_hash, definition = EXCLUDED.definition,
+             approved_by = EXCLUDED.approved_by, approved_at = EXCLUDED.approved_at",
+    )
+    .bind(name)
+    .bind(group)
+    .bind(hash)
+    .bind(definition)
+    .bind(actor)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// What [`detect`] recorded.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Detected {
+    /// New pending definitions (each with its `tool.definition_changed` event).
+    pub held: usize,
+    /// Tools of upstream groups approved on first use.
+    pub first_use: usize,
+}
+
+/// Records, for every tool of a pinned group in `catalog` whose hash is not approved, a pending
+/// row with its `tool.definition_changed` event, once however many instances see it; the
+/// first listing of an upstream group that never had an approval or a pending definition is
+/// approved as `first-use` instead (trust on first use).
+///
+/// Writes nothing when nothing is new, so calling it after every reload is cheap.
+pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> {
+    let mut tx = pool.begin().await?;
+    lock(&mut tx).await?;
+    let pinned = pinned_groups(&mut tx).await?;
+    let tools: Vec<&Arc<Tool>> = catalog
+        .tools()
+        .filter(|t| pinned.contains(&t.group))
+        .collect();
+    let mut done = Detected::default();
+    if tools.is_empty() {
+        tx.commit().await?;
+        return Ok(done);
+    }
+    let names: Vec<String> = tools.iter().map(|t| t.name.as_str().to_owned()).collect();
+    let groups: Vec<String> = tools
+        .iter()
+        .map(|t| t.group.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let approved: HashMap<String, (String, Value)> = sqlx::query(
+        "SELECT name, content_hash, definition FROM tool_approvals WHERE name = ANY($1)",
+    )
+    .bind(&names)
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|r| (r.get(0), (r.get(1), r.get(2))))
+    .collect();
+    let pending: HashSet<(String, String)> =
+        sqlx::query_as("SELECT name, content_hash FROM tool_pending WHERE name = ANY($1)")
+            .bind(&names)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect();
+    let known: HashSet<String> = sqlx::query_scalar(
+        "SELECT group_name FROM tool_approvals WHERE group_name = ANY($1)
+         UNION SELECT group_name FROM tool_pending WHERE group_name = ANY($1)",
+    )
+    .bind(&groups)
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .collect();
+    for t in tools {
+        let name = t.name.as_str();
+        let previous = approved.get(name);
+        if previous.is_some_and(|(h, _)| *h == t.content_hash) {
+            continue;
+        }
+        let upstream = matches!(t.source, ToolSource::Upstream { .. });
+        if upstream && !known.contains(&t.group) {
+            let inserted = sqlx::query(
+                "INSERT INTO tool_approvals (name, group_name, content_hash, definition, approved_by)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING",
+            )
+            .bind(name)
+            .bind(&t.group)
+            .bind(&t.content_hash)
+            .bind(t.definition())
+            .bind(FIRST_USE)
+            .execute(&mut *tx)
+            .await?;
+            if inserted.rows_affected() == 1 {
+                audit(
+                    &mut tx,
+                    EventKind::ToolDefinitionApproved,
+                    name,
+                    Some(FIRST_USE),
+                    json!({"group": t.group, "hash": t.content_hash, "previous_hash": null,
+                           "first_use": true, "source": source_word(t)}),
+                )
+                .await?;
+                done.first_use += 1;
+            }
+            continue;
+        }
+        if pending.contains(&(name.to_owned(), t.content_hash.clone())) {
+            continue;
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO tool_pending (name, content_hash, group_name, definition, previous_hash,
+                 previous_definition, source)
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name, content_hash) DO NOTHING",
+        )
+        .bind(name)
+        .bind(&t.content_hash)
+        .bind(&t.group)
+        .bind(t.definition())
+        .bind(previous.map(|(h, _)| h))
+        .bind(previous.map(|(_, d)| d))
+        .bind(source_word(t))
+        .execute(&mut *tx)
+        .await?;
+        if inserted.rows_affected() == 1 {
+            audit(
+                &mut tx,
+                EventKind::ToolDefinitionChanged,
+                name,
+                None,
+                json!({"group": t.group, "previous_hash": previous.map(|(h, _)| h),
+                       "new_hash": t.content_hash, "source": source_word(t)}),
+            )
+            .await?;
+            done.held += 1;
+        }
+    }
+    tx.commit().await?;
+    Ok(done)
+}
+
+/// Approves what `group` serves now, recorded as approved by `actor`: the baseline a group
+/// gets when it is pinned. The definitions are `catalog`'s, and for tools it lacks (upstream
+/// tools, when pinned from the command line) the ones the instances wrote to the `tools`
+/// table. Returns how many approvals changed.
+pub async fn baseline(
+    conn: &mut PgConnection,
+    actor: &str,
+    group: &str,
+    catalog: &Catalog,
+) -> sqlx::Result<usize> {
+    lock(conn).await?;
+    let mut defs: BTreeMap<String, (String, Value)> = catalog
+        .tools()
+        .filter(|t| t.group == group)
+        .map(|t| {
+            (
+                t.name.as_str().to_owned(),
+                (t.content_hash.clone(), t.definition()),
+            )
+        })
+        .collect();
+    for r in sqlx::query(
+        "SELECT name, content_hash, definition FROM tools
+         WHERE group_name = $1 AND definition IS NOT NULL",
+    )
+    .bind(group)
+    .fetch_all(&mut *conn)
+    .await?
+    {
+        defs.entry(r.get(0)).or_insert((r.get(1), r.get(2)));
+    }
+    let current: HashMap<String, String> =
+        sqlx::query_as("SELECT name, content_hash FROM tool_approvals WHERE group_name = $1")
+            .bind(group)
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .collect();
+    let mut n = 0;
+    for (name, (hash, definition)) in &defs {
+        let previous = current.get(name);
+        if previous == Some(hash) {
+            continue;
+        }
+        upsert_approval(conn, name, group, hash, definition, actor).await?;
+        sqlx::query("DELETE FROM tool_pending WHERE name = $1")
+            .bind(name)
+            .execute(&mut *conn)
+            .await?;
+        audit(
+            conn,
+            EventKind::ToolDefinitionApproved,
+            name,
+            Some(actor),
+            json!({"group": group, "hash": hash, "previous_hash": previous, "baseline": true}),
+        )
+        .await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// A definition waiting for an admin (or rejected by one: still held).
+#[derive(Debug, Clone, Serialize)]
+pub struct PendingTool {
+    pub name: String,
+    pub group: String,
+    pub hash: String,
+    pub definition: Value,
+    pub previous_hash: Option<String>,
+    pub previous_definition: Option<Value>,
+    /// `folder` (a script folder was edited) or `upstream` (an upstream re-list).
+    pub source: String,
+    pub first_seen: DateTime<Utc>,
+    pub rejected_by: Option<String>,
+    pub rejected_at: Option<DateTime<Utc>>,
+}
+
+/// Pending definitions of the groups pinned now, newest first.
+pub async fn pending(conn: &mut PgConnection) -> sqlx::Result<Vec<PendingTool>> {
+    Ok(sqlx::query(&format!(
+        "SELECT name, group_name, content_hash, definition, previous_hash, previous_definition,
+                source, first_seen, rejected_by, rejected_at
+         FROM tool_pending WHERE group_name IN ({PINNED_GROUPS})
+         ORDER BY first_seen DESC, name"
+    ))
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .map(|r| PendingTool {
+        name: r.get(0),
+        group: r.get(1),
+        hash: r.get(2),
+        definition: r.get(3),
+        previous_hash: r.get(4),
+        previous_definition: r.get(5),
+        source: r.get(6),
+        first_seen: r.get(7),
+        rejected_by: r.get(8),
+        rejected_at: r.get(9),
+    })
+    .collect())
+}
+
+/// What an approval or a rejection decided.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decision {
+    pub name: String,
+    pub group: String,
+    pub hash: String,
+    pub previous_hash: Option<String>,
+    pub by: String,
+}
+
+/// The pending row of `name` with `hash`, or its newest one (for a rejection, its newest one
+/// not yet rejected), locked.
+async fn pending_row(
+    conn: &mut PgConnection,
+    name: &str,
+    hash: Option<&str>,
+    skip_rejected: bool,
+) -> sqlx::Result<Option<(String, String, Value, DateTime<Utc>)>> {
+    Ok(sqlx::query(
+        "SELECT content_hash, group_name, definition, first_seen FROM tool_pending
+         WHERE name = $1 AND ($2::text IS NULL OR content_hash = $2)
+           AND NOT ($3 AND $2::text IS NULL AND rejected_at IS NOT NULL)
+         ORDER BY first_seen DESC LIMIT 1 FOR UPDATE",
+    )
+    .bind(name)
+    .bind(hash)
+    .bind(skip_rejected)
+    .fetch_optional(&mut *conn)
+    .await?
+    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))))
+}
+
+/// Approves the pending definition of `name` with `hash` (by default its newest): it becomes
+/// the one served, on every instance, and it and the older pending rows it supersedes go.
+/// `None` if there is no such pending definition.
+pub async fn approve(
+    conn: &mut PgConnection,
+    actor: &str,
+    name: &str,
+    hash: Option<&str>,
+) -> sqlx::Result<Option<Decision>> {
+    lock(conn).await?;
+    let Some((hash, group, definition, first_seen)) = pending_row(conn, name, hash, false).await?
+    else {
+        return Ok(None);
+    };
+    let previous: Option<String> =
+        sqlx::query_scalar("SELECT content_hash FROM tool_approvals WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&mut *conn)
+            .await?;
+    upsert_approval(conn, name, &group, &hash, &definition, actor).await?;
+    sqlx::query("DELETE FROM tool_pending WHERE name = $1 AND first_seen <= $2")
+        .bind(name)
+        .bind(first_seen)
+        .execute(&mut *conn)
+        .await?;
+    audit(
+        conn,
+        EventKind::ToolDefinitionApproved,
+        name,
+        Some(actor),
+        json!({"group": group, "hash": hash, "previous_hash": previous}),
+    )
+    .await?;
+    Ok(Some(Decision {
+        name: name.to_owned(),
+        group,
+        hash,
+        previous_hash: previous,
+        by: actor.to_owned(),
+    }))
+}
+
+/// Rejects the pending definition of `name` with `hash` (by default its newest not yet
+/// rejected): it stays held, shown as rejected. `None` if there is no such definition.
+pub async fn reject(
+    conn: &mut PgConnection,
+    actor: &str,
+    name: &str,
+    hash: Option<&str>,
+) -> sqlx::Result<Option<Decision>> {
+    lock(conn).await?;
+    let Some((hash, group, _, _)) = pending_row(conn, name, hash, true).await? else {
+        return Ok(None);
+    };
+    let previous: Option<String> =
+        sqlx::query_scalar("SELECT content_hash FROM tool_approvals WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&mut *conn)
+            .await?;
+    sqlx::query(
+        "UPDATE tool_pending SET rejected_by = $3, rejected_at = now()
+         WHERE name = $1 AND content_hash = $2",
+    )
+    .bind(name)
+    .bind(&hash)
+    .bind(actor)
+    .execute(&mut *conn)
+    .await?;
+    audit(
+        conn,
+        EventKind::ToolDefinitionRejected,
+        name,
+        Some(actor),
+        json!({"group": group, "hash": hash, "approved_hash": previous}),
+    )
+    .await?;
+    Ok(Some(Decision {
+        name: name.to_owned(),
+        group,
+        hash,
+        previous_hash: previous,
+        by: actor.to_owned(),
+    }))
+}
+
+/// Sets what `groups.yaml` would say of a group's pin (`None`: nothing, so the default holds),
+/// creating the group's metadata row if it has none.
+pub async fn set_pin(
+    conn: &mut PgConnection,
+    actor: &str,
+    group: &str,
+    pin: Option<bool>,
+) -> sqlx::Result<()> {
+    let before: Option<Option<bool>> =
+        sqlx::query_scalar("SELECT pin FROM tool_groups WHERE name = $1")
+            .bind(group)
+            .fetch_optional(&mut *conn)
+            .await?;
+    sqlx::query(
+        "INSERT INTO tool_groups (name, pin) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET pin = EXCLUDED.pin, updated_at = now()",
+    )
+    .bind(group)
+    .bind(pin)
+    .execute(&mut *conn)
+    .await?;
+    record_change(
+        conn,
+        actor,
+        "group.pin",
+        &format!("group:{group}"),
+        before.map(|p| json!({"pin": p})),
+        Some(json!({"pin": pin})),
+    )
+    .await
+}
