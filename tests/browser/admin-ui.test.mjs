@@ -292,13 +292,15 @@ test("an admin fixes a typo grant in the browser and exports the audit log", { t
     await page.locator("#rule-params").fill('{"days": {"maximum": 3}}');
     await page.getByRole("button", { name: "Preview" }).click();
     assert.match(await page.locator('pre[data-schema="weather__forecast"]').textContent(), /"maximum": 3/);
-    await shot("14-argument-rules-preview.png");
+    await shot("16-argument-rules-preview.png");
     await page.getByRole("button", { name: "Save rules" }).click();
     await page.waitForURL(`${base}/admin/agents/meteo/arguments`);
     assert.match(await page.locator(".flash").textContent(), /Saved the argument rules on weather__forecast/);
     assert.equal(await page.locator('tr[data-rule="weather__forecast"] .badge-good').count(), 1);
     await page.goto(`${base}/admin`);
     assert.equal(await page.locator('.problems li[data-problem="argument-rule"]').count(), 0);
+  });
+
   await t.test("a changed tool of a pinned group is held, flagged red, and approved from its diff", async () => {
     await page.goto(`${base}/admin`);
     assert.equal(await page.locator('.problems li[data-problem="held-tools"]').count(), 0);
