@@ -38,6 +38,7 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
             kid: "k1".into(),
             public_key: keys.ed_public(),
         }],
+        ..PolicyState::default()
     };
     let snapshot = PolicySnapshot::build(Arc::default(), &state);
     Fixture { keys, snapshot }

@@ -105,6 +105,14 @@ fn app(rt: &tokio::runtime::Runtime, tools: &std::path::Path, discovery: Discove
             pinned: vec!["mixed__allowed".into()],
             grants: vec![grant("open"), grant("mixed__allowed")],
             limits: Vec::new(),
+            // Calls of this tool also go through the argument-rule check.
+            arguments: vec![toolgate::policy::arguments::ArgumentRules {
+                target: "mixed__allowed".into(),
+                params: toolgate::policy::arguments::parse_params(
+                    &json!({"n": {"maximum": 10}}),
+                )
+                .unwrap(),
+            }],
         }],
         ..PolicyState::default()
     });
