@@ -6,10 +6,11 @@ pub mod files;
 pub mod snapshot;
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::pool::{Catalog, SEPARATOR, ToolName, is_name_char};
+use crate::pool::{Catalog, SEPARATOR, Tool, ToolName, is_name_char};
 
 /// What a grant (or a token prefix) gives: a whole group, or one exact tool.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -68,11 +69,26 @@ impl GrantTarget {
         }
     }
 
-    /// The tools of `catalog` this grant matches, in name order.
+    /// The tools of `catalog` this grant matches, in name order, found by name: the cost
+    /// follows what the grant matches, not the size of the pool (every snapshot rebuild asks
+    /// this of every grant of every agent).
+    pub fn matched_tools<'c>(&self, catalog: &'c Catalog) -> Vec<&'c Arc<Tool>> {
+        match self {
+            GrantTarget::Group(g) => {
+                let prefix = format!("{g}{SEPARATOR}");
+                catalog
+                    .with_prefix(&prefix)
+                    .filter(|t| self.matches(t.name.as_str()))
+                    .collect()
+            }
+            GrantTarget::Tool(t) => catalog.get(t.as_str()).into_iter().collect(),
+        }
+    }
+
+    /// The names of the tools of `catalog` this grant matches, in name order.
     pub fn matched<'c>(&self, catalog: &'c Catalog) -> Vec<&'c ToolName> {
-        catalog
-            .tools()
-            .filter(|t| self.matches(t.name.as_str()))
+        self.matched_tools(catalog)
+            .into_iter()
             .map(|t| &t.name)
             .collect()
     }
@@ -180,6 +196,30 @@ mod tests {
             let grant = g(&tool);
             prop_assert!(grant.matches(&tool));
             prop_assert_eq!(grant.matches(&other), tool == other);
+        }
+
+        /// Found by name range, the matched tools are exactly those a scan of the whole pool
+        /// finds, for groups whose names prefix each other (`a`, `a_b`, `ab`) too.
+        #[test]
+        fn matched_tools_by_name_equal_a_scan_of_the_pool(
+            names in proptest::collection::btree_set(("[ab_]{1,3}", "[a-z]{1,3}"), 0..24),
+            grant in "[ab_]{1,3}"
+        ) {
+            let defs: Vec<serde_json::Value> = names
+                .iter()
+                .filter(|(g, _)| !g.contains("__") && !g.ends_with('_'))
+                .map(|(g, o)| serde_json::json!({
+                    "name": format!("{g}__{o}"), "inputSchema": {"type": "object"}}))
+                .collect();
+            let catalog = crate::search::catalog_from_definitions(&serde_json::Value::Array(defs)).unwrap();
+            let Ok(target) = GrantTarget::parse(&grant) else { return Ok(()) };
+            let scanned: Vec<&str> = catalog
+                .tools()
+                .filter(|t| target.matches(t.name.as_str()))
+                .map(|t| t.name.as_str())
+                .collect();
+            let found: Vec<&str> = target.matched(&catalog).iter().map(|n| n.as_str()).collect();
+            prop_assert_eq!(found, scanned);
         }
 
         #[test]

@@ -302,6 +302,21 @@ impl Catalog {
         self.tools.values()
     }
 
+    /// The tools whose names start with `prefix`, in name order: a range of the name-ordered
+    /// map, so that a group's tools are found without looking at the rest of the pool.
+    pub fn with_prefix<'a, 'p>(
+        &'a self,
+        prefix: &'p str,
+    ) -> impl Iterator<Item = &'a Arc<Tool>> + use<'a, 'p> {
+        self.tools
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(move |(name, _)| name.starts_with(prefix))
+            .map(|(_, t)| t)
+    }
+
     pub fn len(&self) -> usize {
         self.tools.len()
     }
