@@ -487,12 +487,19 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
                 ),
             });
         }
-        let visible: Vec<_> = catalog
-            .tools()
-            .filter(|t| targets.iter().any(|g| g.matches(t.name.as_str())))
-            .cloned()
-            .collect();
         let rules = agent.argument_rules();
+        // Only agents with rules need their tools here; found by name, not by a pool scan.
+        let visible: Vec<_> = if rules.is_empty() {
+            Vec::new()
+        } else {
+            targets
+                .iter()
+                .flat_map(|g| g.matched_tools(catalog))
+                .map(|t| (t.name.as_str(), t.clone()))
+                .collect::<BTreeMap<_, _>>()
+                .into_values()
+                .collect()
+        };
         for p in arguments::analyse(&agent.name, &rules, &visible, catalog).problems {
             let line = p
                 .param

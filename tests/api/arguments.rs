@@ -596,3 +596,42 @@ async fn search_results_show_the_narrowed_schema(pool: PgPool) {
     assert_eq!(refused.body["result"]["isError"], true, "{}", refused.text);
     assert!(refused.text.contains("maximum"), "{}", refused.text);
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn apply_warns_about_a_wrong_rule_and_strict_refuses_it(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let catalog = app.state.policy.catalog();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("agents/planner");
+    std::fs::create_dir_all(&agent).unwrap();
+    std::fs::write(
+        agent.join("agent.md"),
+        "---\ntools: [weather]\narguments:\n  weather__forecast: {dayz: {maximum: 3}}\n---\n",
+    )
+    .unwrap();
+    let strict =
+        toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", false, true).await;
+    assert!(
+        matches!(strict, Err(toolgate::policy::files::ApplyError::Strict(_))),
+        "{strict:?}"
+    );
+    let report =
+        toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", false, false)
+            .await
+            .unwrap();
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w.message.contains("did you mean `days`")),
+        "{:?}",
+        report.warnings
+    );
+    app.state.reload_policy().await.unwrap();
+    let agent = app.admin("GET", "/api/v1/agents/planner", None).await;
+    assert_eq!(
+        agent.body["agent"]["problems"][0]["kind"], "unknown_parameter",
+        "{}",
+        agent.text
+    );
+}
