@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# A large pool, from nothing: GROUPS tool groups of PER_GROUP tools each and AGENTS agents
+# A large pool, from nothing: TOOL_GROUPS tool groups of PER_GROUP tools each and AGENTS agents
 # (one group each) generated into a scratch folder, then one `toolgate serve` started on an
 # empty database with those folders. Prints how long until /readyz answers 200, the server's
 # RSS then (and its peak), how long a client created afterwards waits until its token is
 # accepted, and the p50 of one agent's tools/list.
 #
 # Run: cargo build --release && bash bench/scale.sh
-#      GROUPS=500 PER_GROUP=20 AGENTS=1000 bash bench/scale.sh     # a smaller pool
+#      TOOL_GROUPS=500 PER_GROUP=20 AGENTS=1000 bash bench/scale.sh     # a smaller pool
 # Needs PostgreSQL with trust auth on 127.0.0.1:5432, curl and python3.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-groups=${GROUPS:-5000}
+groups=${TOOL_GROUPS:-5000}
 per_group=${PER_GROUP:-20}
 agents=${AGENTS:-10000}
 bin=${TOOLGATE_BIN:-./target/release/toolgate}
@@ -54,7 +54,7 @@ echo "generated $((groups * per_group)) tools in $groups groups and $agents agen
 
 ms() { python3 -c 'import time; print(int(time.monotonic() * 1000))'; }
 start=$(ms)
-TOOLGATE_LOG=warn "$bin" serve --database-url "$url" --bind "127.0.0.1:$port" --admin-token bench \
+TOOLGATE_LOG=${TOOLGATE_LOG:-warn} "$bin" serve --database-url "$url" --bind "127.0.0.1:$port" --admin-token bench \
   --tools-dir "$work/tools" --policies-dir "$work/policies" 2>"$work/server.log" &
 server=$!
 until curl -sf "$base/readyz" >/dev/null; do
@@ -65,6 +65,7 @@ until curl -sf "$base/readyz" >/dev/null; do
   sleep 0.1
 done
 ready=$(($(ms) - start))
+cp "$work/server.log" "${SERVER_LOG:-/dev/null}" 2>/dev/null || true
 rss=$(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/$server/status")
 hwm=$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$server/status")
 echo "ready after ${ready} ms; RSS ${rss} MB (peak ${hwm} MB)"

@@ -266,6 +266,17 @@ impl AppState {
             Some(&previous),
             &self.settings.loader,
         );
+        self.serve_pool(scripts)
+    }
+
+    /// Serves a pool of script tools just loaded from the tools folder (at the first start,
+    /// the one the policies were applied against: a large pool is not loaded twice).
+    pub fn install_pool(&self, scripts: crate::pool::Catalog) -> usize {
+        let _guard = self.reload_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.serve_pool(scripts)
+    }
+
+    fn serve_pool(&self, scripts: crate::pool::Catalog) -> usize {
         let catalog = Arc::new(scripts.with_upstreams(self.upstreams.catalog_part()));
         let n = catalog.len();
         self.policy.set_catalog(catalog.clone());
@@ -473,12 +484,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let pool = db::connect(&args.db.database_url, 16).await?;
     db::migrate(&pool, &args.db.database_url).await?;
     crate::oauth::ensure_signing_key(&pool).await?;
+    let mut first_load = None;
     if db::policy::is_empty(&pool).await? && args.policies_dir.is_dir() {
-        let catalog = load_pool(&settings.tools_dir, None, &settings.loader);
+        let catalog = first_load.insert(load_pool(&settings.tools_dir, None, &settings.loader));
         match crate::policy::files::apply_dir(
             &pool,
             &args.policies_dir,
-            &catalog,
+            catalog,
             "toolgate serve (first start)",
             false,
             false,
@@ -495,7 +507,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let state = AppState::new(settings.clone(), pool);
-    let n = state.reload_pool();
+    let n = match first_load {
+        Some(catalog) => state.install_pool(catalog),
+        None => state.reload_pool(),
+    };
     tracing::info!(tools = n, dir = %settings.tools_dir.display(), "tool pool loaded");
     state.reload_policy().await?;
     spawn_policy_listener(state.clone());

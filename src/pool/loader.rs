@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 
 use super::sandbox::{GroupLimits, Mode, Sandbox, SandboxSettings};
 use super::{
-    Catalog, Execution, GroupStatus, HttpBinding, LoadError, SEPARATOR, ScriptSpec, Tool, ToolName,
-    ToolSource, is_name_char,
+    Catalog, Execution, GroupStatus, HttpBinding, InputValidator, LoadError, SEPARATOR, ScriptSpec,
+    Tool, ToolName, ToolSource, is_name_char,
 };
 
 /// Defaults that apply to every script unless its operation says otherwise.
@@ -295,15 +295,15 @@ pub fn load_group(
             }
             let (schema, binding) = input_schema(path, method, op, &shared_params)
                 .map_err(|e| fail(&spec_file, format!("operation {where_}: {e}")))?;
-            let validator = jsonschema::options()
-                .with_draft(jsonschema::Draft::Draft202012)
-                .build(&Value::Object(schema.clone()))
-                .map_err(|e| {
-                    fail(
-                        &spec_file,
-                        format!("operation {where_}: invalid schema: {e}"),
-                    )
-                })?;
+            let schema = Arc::new(schema);
+            let validator =
+                InputValidator::check(schema.clone(), Some(jsonschema::Draft::Draft202012))
+                    .map_err(|e| {
+                        fail(
+                            &spec_file,
+                            format!("operation {where_}: invalid schema: {e}"),
+                        )
+                    })?;
             let timeout = match op.get("x-toolgate-timeout-ms") {
                 None => settings.default_timeout,
                 Some(v) => match v.as_u64() {
@@ -386,7 +386,7 @@ pub fn load_group(
                 operation: op_id.to_owned(),
                 title: summary,
                 description,
-                input_schema: Arc::new(schema),
+                input_schema: schema,
                 content_hash,
                 source: ToolSource::Script {
                     folder: folder_name.to_owned(),

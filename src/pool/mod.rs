@@ -136,7 +136,8 @@ pub struct Tool {
     pub source: ToolSource,
     pub http: Option<HttpBinding>,
     pub exec: Execution,
-    pub validator: Arc<jsonschema::Validator>,
+    /// The tool's own input schema, compiled on first use (a narrowed copy shares it).
+    pub validator: Arc<InputValidator>,
     /// Relative path of an MCP App UI file in the tool's folder.
     pub ui: Option<String>,
     /// What the audit log keeps of this tool's calls.
@@ -234,7 +235,11 @@ impl Tool {
 
     /// Checks arguments against the input schema; each violation is one line.
     pub fn violations(&self, args: &Value) -> Vec<String> {
-        self.validator
+        let validator = match self.validator.compiled() {
+            Ok(v) => v,
+            Err(e) => return vec![format!("the tool's input schema cannot be used: {e}")],
+        };
+        validator
             .iter_errors(args)
             .map(|e| {
                 let at = e.instance_path.to_string();
@@ -245,6 +250,56 @@ impl Tool {
                 }
             })
             .collect()
+    }
+}
+
+/// A tool's input-schema validator, compiled on the tool's first call.
+///
+/// A compiled validator costs kilobytes, and most tools of a large pool are never called on a
+/// given instance: keeping one per tool made memory grow with the pool. The schema is compiled
+/// once when the tool is loaded, so that a schema that does not compile is the loader's error,
+/// and the result is dropped; the call path compiles it again, once, from the same schema.
+#[derive(Debug)]
+pub struct InputValidator {
+    schema: Arc<Map<String, Value>>,
+    draft: Option<jsonschema::Draft>,
+    compiled: std::sync::OnceLock<Result<jsonschema::Validator, String>>,
+}
+
+impl InputValidator {
+    fn build(
+        schema: &Map<String, Value>,
+        draft: Option<jsonschema::Draft>,
+    ) -> Result<jsonschema::Validator, String> {
+        let mut options = jsonschema::options();
+        if let Some(d) = draft {
+            options = options.with_draft(d);
+        }
+        options
+            .build(&Value::Object(schema.clone()))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Checks that `schema` compiles (under `draft`, or the one it declares), keeping only the
+    /// schema.
+    pub fn check(
+        schema: Arc<Map<String, Value>>,
+        draft: Option<jsonschema::Draft>,
+    ) -> Result<Self, String> {
+        Self::build(&schema, draft)?;
+        Ok(Self {
+            schema,
+            draft,
+            compiled: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// The compiled validator, built on first use.
+    pub fn compiled(&self) -> Result<&jsonschema::Validator, &str> {
+        self.compiled
+            .get_or_init(|| Self::build(&self.schema, self.draft))
+            .as_ref()
+            .map_err(String::as_str)
     }
 }
 

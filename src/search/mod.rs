@@ -327,10 +327,11 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
             .name
             .split_once(crate::pool::SEPARATOR)
             .ok_or_else(|| format!("`{}` is not `<group>__<operation>`", def.name))?;
-        let validator = jsonschema::options()
-            .with_draft(jsonschema::Draft::Draft202012)
-            .build(&Value::Object((*def.input_schema).clone()))
-            .map_err(|e| format!("`{}`: invalid inputSchema: {e}", def.name))?;
+        let validator = crate::pool::InputValidator::check(
+            def.input_schema.clone(),
+            Some(jsonschema::Draft::Draft202012),
+        )
+        .map_err(|e| format!("`{}`: invalid inputSchema: {e}", def.name))?;
         let hash = Sha256::digest(serde_json::to_vec(&def).unwrap_or_default());
         tools.push(Arc::new(Tool {
             name,

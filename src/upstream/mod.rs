@@ -432,10 +432,8 @@ impl Upstreams {
 fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
     let name = ToolName::parse(&format!("{group}{SEPARATOR}{}", t.name))
         .map_err(|e| format!("tool `{}` skipped: {e}", t.name))?;
-    let schema = Value::Object((*t.input_schema).clone());
     // Upstream schemas are hostile input too: no network `$ref`s are resolved.
-    let validator = jsonschema::options()
-        .build(&schema)
+    let validator = crate::pool::InputValidator::check(t.input_schema.clone(), None)
         .map_err(|e| format!("tool `{}` skipped: invalid input schema: {e}", t.name))?;
     let props: Vec<String> = t
         .input_schema
@@ -465,7 +463,7 @@ fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
             operation: serde_json::json!({
                 "summary": t.title.clone().or_else(|| t.description.as_ref().map(|d| d.to_string())),
                 "description": t.description,
-                "requestBody": {"content": {"application/json": {"schema": schema}}},
+                "requestBody": {"content": {"application/json": {"schema": *t.input_schema}}},
                 "responses": {"200": {"description": "The tool's result"}},
             }),
         }),

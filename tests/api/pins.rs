@@ -415,6 +415,10 @@ async fn approval_on_one_instance_is_seen_on_another_and_the_change_is_recorded_
         || async { b.tool_names(&token).await == ["calc__double"] },
     )
     .await;
+    // The agent's tools are listed on B before the pin need have arrived there: read the state
+    // the PUT committed, so that the race below starts from the pin on both instances (the
+    // approval at the end is what goes through B's listener).
+    b.state.reload_policy().await.unwrap();
 
     // Both instances load the changed folder and race to record it.
     calc(root.path(), "Doubles x, and more.");
