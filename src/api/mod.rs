@@ -691,7 +691,7 @@ async fn reset_user_password(
     Ok((
         StatusCode::CREATED,
         Json(json!({
-            "reset_url": format!("{}/admin/reset/{token}", state.settings.issuer),
+            "reset_url": crate::web::accounts::reset_url(&state, &token),
             "expires_at": expires,
         })),
     ))

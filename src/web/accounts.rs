@@ -278,7 +278,7 @@ pub async fn act(
             // Shown once, on this response only: it is as good as the password.
             return render(&ResetLinkPage {
                 page: ctx.page(Nav::Accounts, format!("Account {username}")),
-                link: format!("{}/admin/reset/{token}", state.settings.issuer),
+                link: reset_url(&state, &token),
                 username,
                 expires: when(&expires),
             });
@@ -295,6 +295,18 @@ struct ResetPage {
     username: String,
     csrf: String,
     error: Option<String>,
+}
+
+/// The link of a reset token. The token is in the query, which request logs leave out (they
+/// record the path).
+pub fn reset_url(state: &AppState, token: &str) -> String {
+    format!("{}/admin/reset?token={token}", state.settings.issuer)
+}
+
+#[derive(Deserialize)]
+pub struct ResetQuery {
+    #[serde(default)]
+    token: String,
 }
 
 /// Reset tokens are 43 URL-safe characters; anything else is not looked up.
@@ -314,7 +326,7 @@ fn gone() -> WebError {
 
 pub async fn reset_form(
     State(state): State<AppState>,
-    Path(token): Path<String>,
+    axum::extract::Query(ResetQuery { token }): axum::extract::Query<ResetQuery>,
 ) -> Result<Response, WebError> {
     if !plausible_token(&token) {
         return Err(gone());
@@ -346,14 +358,16 @@ pub struct ResetForm {
     confirm: String,
     #[serde(default)]
     csrf: String,
+    #[serde(default)]
+    token: String,
 }
 
 pub async fn reset_submit(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Path(token): Path<String>,
     Form(form): Form<ResetForm>,
 ) -> Result<Response, WebError> {
+    let token = form.token.clone();
     if !same_token(
         &form.csrf,
         session::cookie(&headers, RESET_COOKIE).unwrap_or(""),

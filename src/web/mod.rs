@@ -6,7 +6,7 @@
 //! Sessions, CSRF and roles are checked once, in [`session::require_session`], for every
 //! route behind it.
 
-mod accounts;
+pub mod accounts;
 mod agents;
 mod arguments;
 mod audit;
@@ -91,7 +91,7 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/sso/start", get(sso::start))
         .route("/sso/callback", get(sso::callback))
         .route(
-            "/reset/{token}",
+            "/reset",
             get(accounts::reset_form).post(accounts::reset_submit),
         )
         .merge(protected)

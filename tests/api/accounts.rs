@@ -341,7 +341,8 @@ async fn a_reset_link_sets_a_password_once_and_ends_the_accounts_sessions(pool: 
         .strip_prefix("http://127.0.0.1:8787")
         .unwrap()
         .to_owned();
-    let token = path.rsplit('/').next().unwrap().to_owned();
+    let token = path.rsplit('=').next().unwrap().to_owned();
+    assert!(path.starts_with("/admin/reset?token="), "{path}");
     let stored: String = sqlx::query_scalar("SELECT token_sha256 FROM admin_password_resets")
         .fetch_one(&app.state.db)
         .await
@@ -352,12 +353,14 @@ async fn a_reset_link_sets_a_password_once_and_ends_the_accounts_sessions(pool: 
     let form = stranger.get(&path).await;
     assert_eq!(form.status, StatusCode::OK, "{}", form.text);
     let csrf = csrf_of(&form.text);
+    let post = "/admin/reset";
     // Without the form's cookie (a cross-site post), nothing happens.
     let mut other = Browser::new(&app);
     let r = other
         .post(
-            &path,
+            post,
             &[
+                ("token", &token),
                 ("csrf", &csrf),
                 ("password", "a brand new passphrase"),
                 ("confirm", "a brand new passphrase"),
@@ -367,15 +370,21 @@ async fn a_reset_link_sets_a_password_once_and_ends_the_accounts_sessions(pool: 
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     let r = stranger
         .post(
-            &path,
-            &[("csrf", &csrf), ("password", "short"), ("confirm", "short")],
+            post,
+            &[
+                ("token", &token),
+                ("csrf", &csrf),
+                ("password", "short"),
+                ("confirm", "short"),
+            ],
         )
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     let r = stranger
         .post(
-            &path,
+            post,
             &[
+                ("token", &token),
                 ("csrf", &csrf),
                 ("password", "a brand new passphrase"),
                 ("confirm", "a brand new passphrase"),
@@ -396,7 +405,9 @@ async fn a_reset_link_sets_a_password_once_and_ends_the_accounts_sessions(pool: 
     assert_eq!(again.status, StatusCode::FORBIDDEN);
     assert!(again.text.contains("expired or was used"));
     // A link for a made-up token is the same page, and junk is not looked up.
-    let junk = Browser::new(&app).get("/admin/reset/%3Cscript%3E").await;
+    let junk = Browser::new(&app)
+        .get("/admin/reset?token=%3Cscript%3E")
+        .await;
     assert_eq!(junk.status, StatusCode::FORBIDDEN);
     assert!(!junk.text.contains("<script>"));
 }
