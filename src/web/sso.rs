@@ -476,7 +476,7 @@ pub async fn callback(
             Some(&shown_name),
             "no mapped role",
             format!(
-                "Your account at {} ({shown_name}) has no role in toolgate: none of its `{}` values is mapped to one. Ask an administrator to grant you access.",
+                "Your account at {} ({shown_name}) has no role in toolgate: none of its {} values is mapped to one. Ask an administrator to grant you access.",
                 sso.settings.provider_name, sso.settings.role_claim
             ),
         ));
