@@ -565,3 +565,79 @@ async fn sso_flags_that_cannot_work_are_refused_at_start(pool: PgPool) {
         );
     }
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn an_admin_manages_an_account_through_the_pages(pool: PgPool) {
+    let app = TestApp::new(pool).await;
+    let mut ada = Browser::signed_in(&app, "ada", "admin").await;
+
+    let r = ada
+        .submit(
+            "/admin/accounts",
+            "/admin/accounts",
+            &[
+                ("username", "grace"),
+                ("password", PASSWORD),
+                ("role", "viewer"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    assert_eq!(location(&r), "/admin/accounts/grace");
+    let mut grace = Browser::new(&app);
+    assert_eq!(
+        grace.login("grace", PASSWORD).await.status,
+        StatusCode::SEE_OTHER
+    );
+
+    let r = ada
+        .submit(
+            "/admin/accounts/grace",
+            "/admin/accounts/grace/role",
+            &[("role", "auditor")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    let page = ada.get("/admin/accounts/grace").await;
+    assert!(page.text.contains("now has the role"), "{}", page.text);
+    assert!(page.text.contains(">auditor</span>"));
+    // Her session shows, with where it came from, and ending it signs her out.
+    assert!(page.text.contains("name=\"session\""));
+    let (actor, details, _) = last_change(&app, "admin_user:grace").await;
+    assert_eq!(actor, "admin:ada");
+    assert_eq!(details["before"]["role"], "viewer");
+    assert_eq!(details["after"]["role"], "auditor");
+
+    let confirm = ada.get("/admin/accounts/grace/end-sessions").await;
+    assert_eq!(confirm.status, StatusCode::OK);
+    let r = ada
+        .submit(
+            "/admin/accounts/grace/end-sessions",
+            "/admin/accounts/grace/end-sessions",
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    assert!(!is_signed_in(&mut grace).await);
+
+    let r = ada
+        .submit(
+            "/admin/accounts/grace/delete",
+            "/admin/accounts/grace/delete",
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    assert_eq!(
+        grace.login("grace", PASSWORD).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    let gone = ada.get("/admin/accounts/grace").await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND);
+    // The reset link page is rendered once, for the admin, and names the link.
+    let r = ada
+        .submit("/admin/accounts/ada", "/admin/accounts/ada/reset", &[])
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.text.contains("/admin/reset?token="));
+}
