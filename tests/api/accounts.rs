@@ -641,3 +641,31 @@ async fn an_admin_manages_an_account_through_the_pages(pool: PgPool) {
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert!(r.text.contains("/admin/reset?token="));
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn two_admins_disabling_each_other_at_once_leave_one_enabled(pool: PgPool) {
+    let app = TestApp::new(pool).await;
+    for name in ["ada", "grace"] {
+        toolgate::web::users::create_user(&app.state.db, "test", name, PASSWORD, "admin")
+            .await
+            .unwrap();
+    }
+    for _ in 0..10 {
+        let (a, b) = tokio::join!(
+            toolgate::web::users::set_disabled(&app.state.db, "admin:grace", "ada", true),
+            toolgate::web::users::set_disabled(&app.state.db, "admin:ada", "grace", true),
+        );
+        assert!(a.is_ok() != b.is_ok(), "exactly one may pass: {a:?} {b:?}");
+        let enabled: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM admin_users WHERE role = 'admin' AND disabled_at IS NULL",
+        )
+        .fetch_one(&app.state.db)
+        .await
+        .unwrap();
+        assert_eq!(enabled, 1);
+        sqlx::query("UPDATE admin_users SET disabled_at = NULL")
+            .execute(&app.state.db)
+            .await
+            .unwrap();
+    }
+}
