@@ -106,33 +106,52 @@ pub async fn create_session(
 }
 
 /// The live session with this id hash: not past its absolute expiry, used within `idle`, and
-/// of an enabled account. Using it moves its idle deadline.
+/// of an enabled account (a disabled account's sessions fail here at once).
 ///
-/// The check and the touch are one statement, so a session that just went idle cannot be
-/// revived by a request racing the check; a disabled account's sessions fail here at once.
+/// Using a session moves its idle deadline, but the row is written at most once per
+/// [`TOUCH_EVERY_SECS`]: a write per page view makes each one wait for a WAL flush (measured:
+/// p50 0.8 ms → 4.4 ms). The idle timeout is therefore exact to within that much.
 pub async fn session(
     pool: &PgPool,
     token_sha256: &str,
     idle: std::time::Duration,
 ) -> sqlx::Result<Option<SessionRecord>> {
-    Ok(sqlx::query(
-        "UPDATE admin_sessions s SET last_seen_at = now()
-         FROM admin_users u
-         WHERE u.id = s.user_id AND s.token_sha256 = $1 AND s.expires_at > now()
-           AND s.last_seen_at > now() - make_interval(secs => $2) AND u.disabled_at IS NULL
-         RETURNING u.username, u.role, s.csrf_token, s.expires_at",
+    let Some(r) = sqlx::query(
+        "SELECT u.username, u.role, s.csrf_token, s.expires_at,
+                s.last_seen_at < now() - make_interval(secs => $3)
+         FROM admin_sessions s JOIN admin_users u ON u.id = s.user_id
+         WHERE s.token_sha256 = $1 AND s.expires_at > now()
+           AND s.last_seen_at > now() - make_interval(secs => $2) AND u.disabled_at IS NULL",
     )
     .bind(token_sha256)
     .bind(idle.as_secs_f64())
+    .bind(TOUCH_EVERY_SECS)
     .fetch_optional(pool)
     .await?
-    .map(|r| SessionRecord {
+    else {
+        return Ok(None);
+    };
+    if r.get::<bool, _>(4) {
+        // Still within the idle limit: a session that ran out meanwhile is not revived.
+        sqlx::query(
+            "UPDATE admin_sessions SET last_seen_at = now()
+             WHERE token_sha256 = $1 AND last_seen_at > now() - make_interval(secs => $2)",
+        )
+        .bind(token_sha256)
+        .bind(idle.as_secs_f64())
+        .execute(pool)
+        .await?;
+    }
+    Ok(Some(SessionRecord {
         username: r.get(0),
         role: r.get(1),
         csrf_token: r.get(2),
         expires_at: r.get(3),
     }))
 }
+
+/// How stale a session's `last_seen_at` may get before a request writes it again.
+pub const TOUCH_EVERY_SECS: f64 = 60.0;
 
 pub async fn delete_session(pool: &PgPool, token_sha256: &str) -> sqlx::Result<()> {
     sqlx::query("DELETE FROM admin_sessions WHERE token_sha256 = $1")
