@@ -209,4 +209,29 @@ test("admins sign in through an OpenID Provider, roles come from groups", { time
     await bob.goto(`${base}/admin`);
     assert.match(bob.url(), /\/admin\/login/);
   });
+
+  await t.test("every SSO sign-in and refusal is in the audit log, with where it came from", async () => {
+    // Sign-in events are written without holding up the answer: wait for the last one.
+    let q;
+    for (let i = 0; i < 50; i++) {
+      q = spawnSync("psql", [databaseUrl, "-AtF", "|", "-c",
+        "SELECT outcome, admin_user, coalesce(error, ''), remote_addr IS NOT NULL, user_agent IS NOT NULL"
+        + " FROM audit_events WHERE event_type = 'admin.login' AND resource = 'admin-ui:sso' ORDER BY id"],
+      { encoding: "utf8" });
+      assert.equal(q.status, 0, q.stderr);
+      if (q.stdout.includes("account disabled")) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    const rows = q.stdout.trim().split("\n");
+    const has = (re) => assert.ok(rows.some((r) => re.test(r)), `${re} not in\n${q.stdout}`);
+    has(/^success\|admin:alice\|\|t\|t$/);
+    has(/^success\|admin:bob\|\|t\|t$/);
+    has(/^denied\|admin:mallory\|no mapped role\|t\|t$/);
+    has(/^denied\|admin:bob\|account disabled\|t\|t$/);
+    // alice's account was provisioned by the provider's word, keyed by issuer and subject.
+    const acct = spawnSync("psql", [databaseUrl, "-At", "-c",
+      "SELECT oidc_issuer || ' ' || oidc_subject || ' ' || role || ' ' || (password_hash IS NULL)"
+      + " FROM admin_users WHERE username = 'alice'"], { encoding: "utf8" });
+    assert.equal(acct.stdout.trim(), `${issuer} alice admin true`);
+  });
 });
