@@ -474,3 +474,35 @@ pub async fn take_flow(pool: &PgPool, state_sha256: &str) -> sqlx::Result<Option
         next_url: r.get(2),
     }))
 }
+
+/// Ends the sessions of the federated account of `issuer` + `subject`, if there is one: the
+/// provider no longer maps it to a role. How many ended.
+pub async fn end_federated_sessions(
+    conn: &mut PgConnection,
+    issuer: &str,
+    subject: &str,
+) -> sqlx::Result<u64> {
+    let user: Option<(Uuid, String)> = sqlx::query_as(
+        "SELECT id, username FROM admin_users WHERE oidc_issuer = $1 AND oidc_subject = $2",
+    )
+    .bind(issuer)
+    .bind(subject)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((id, username)) = user else {
+        return Ok(0);
+    };
+    let ended = delete_sessions_of(conn, id).await?;
+    if ended > 0 {
+        record_change(
+            conn,
+            &format!("sso:{issuer}"),
+            "admin_session.end",
+            &format!("admin_user:{username}"),
+            None,
+            Some(json!({"ended": ended, "reason": "the provider's claims map to no role"})),
+        )
+        .await?;
+    }
+    Ok(ended)
+}

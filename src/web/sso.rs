@@ -471,6 +471,10 @@ pub async fn callback(
         .or_else(|| person.email.clone())
         .unwrap_or_else(|| person.subject.clone());
     let Some(role) = sso.settings.role_for(&person.role_values) else {
+        // Taken out of every mapped group: whatever session the account still has ends too.
+        let mut tx = state.db.begin().await?;
+        db::accounts::end_federated_sessions(&mut tx, &person.issuer, &person.subject).await?;
+        tx.commit().await?;
         return Ok(refuse(
             Outcome::Denied,
             Some(&shown_name),

@@ -669,3 +669,77 @@ async fn two_admins_disabling_each_other_at_once_leave_one_enabled(pool: PgPool)
             .unwrap();
     }
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_federated_account_is_keyed_by_issuer_and_subject_never_by_name(pool: PgPool) {
+    use toolgate::db::accounts::{Federated, end_federated_sessions, sign_in_federated};
+    let app = TestApp::new(pool).await;
+    // A local `alice` exists; the provider's alice must not become her.
+    toolgate::web::users::create_user(&app.state.db, "test", "alice", PASSWORD, "viewer")
+        .await
+        .unwrap();
+    let names = ["alice".to_owned(), "alice-2".to_owned()];
+    let mut tx = app.state.db.begin().await.unwrap();
+    let first = sign_in_federated(&mut tx, "https://op.example", "sub-1", &names, "admin")
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let Federated::Account { id, username } = first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(username, "alice-2");
+    // The same subject again, now mapped to auditor: same account, new role, audited.
+    let mut tx = app.state.db.begin().await.unwrap();
+    let again = sign_in_federated(&mut tx, "https://op.example", "sub-1", &names, "auditor")
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(matches!(again, Federated::Account { id: i, .. } if i == id));
+    let role = app.admin("GET", "/api/v1/users/alice-2", None).await;
+    assert_eq!(role.body["role"], "auditor");
+    assert_eq!(role.body["sign_in"], "oidc");
+    let (actor, details, _) = last_change(&app, "admin_user:alice-2").await;
+    assert_eq!(actor, "sso:https://op.example");
+    assert_eq!(details["before"]["role"], "admin");
+    let local = app.admin("GET", "/api/v1/users/alice", None).await;
+    assert_eq!(local.body["role"], "viewer");
+    // Another issuer with the same subject is another person.
+    let mut tx = app.state.db.begin().await.unwrap();
+    let other =
+        sign_in_federated(&mut tx, "https://other.example", "sub-1", &names, "viewer").await;
+    tx.rollback().await.unwrap();
+    assert!(
+        other.is_err(),
+        "both names taken and no fallback given: {other:?}"
+    );
+
+    // Signed in, then taken out of every mapped group: the next attempt ends its sessions.
+    sqlx::query(
+        "INSERT INTO admin_sessions (token_sha256, user_id, csrf_token, expires_at)
+         VALUES ('x', $1, 'c', now() + interval '1 hour')",
+    )
+    .bind(id)
+    .execute(&app.state.db)
+    .await
+    .unwrap();
+    let mut tx = app.state.db.begin().await.unwrap();
+    let ended = end_federated_sessions(&mut tx, "https://op.example", "sub-1")
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(ended, 1);
+    // A disabled federated account is reported as such, and not re-roled.
+    app.admin("POST", "/api/v1/users/alice-2/disable", None)
+        .await;
+    let mut tx = app.state.db.begin().await.unwrap();
+    let disabled = sign_in_federated(&mut tx, "https://op.example", "sub-1", &names, "admin")
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(
+        matches!(disabled, Federated::Disabled { .. }),
+        "{disabled:?}"
+    );
+    let role = app.admin("GET", "/api/v1/users/alice-2", None).await;
+    assert_eq!(role.body["role"], "auditor");
+}
