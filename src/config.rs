@@ -245,10 +245,11 @@ pub enum OnOff {
 /// Admin sign-in with an OpenID Provider: all of issuer, client id and a role mapping, or none.
 #[derive(Debug, Clone, Args)]
 pub struct OidcArgs {
-    /// Issuer URL of the OpenID Provider (its discovery document is
-    /// `<issuer>/.well-known/openid-configuration`).
+    /// Issuer URL of the OpenID Provider, exactly as the provider writes it (with or without
+    /// a trailing slash: ID tokens must name the same string); its discovery document is
+    /// `<issuer>/.well-known/openid-configuration`.
     #[arg(long, env = "TOOLGATE_OIDC_ISSUER")]
-    pub oidc_issuer: Option<url::Url>,
+    pub oidc_issuer: Option<String>,
     /// The client id registered at the provider; its redirect URL is
     /// `<public-url>/admin/sso/callback`.
     #[arg(long, env = "TOOLGATE_OIDC_CLIENT_ID")]

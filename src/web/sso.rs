@@ -158,7 +158,14 @@ impl SsoSettings {
                 "--oidc-issuer needs --oidc-role-map (for example `toolgate-admins=admin`): without it nobody could sign in"
             );
         }
-        let issuer_str = issuer.as_str().trim_end_matches('/').to_owned();
+        // Kept as given: the provider's issuer string is compared exactly (Google's has no
+        // trailing slash, Auth0's has one).
+        let issuer_str = issuer.trim().to_owned();
+        let parsed = url::Url::parse(&issuer_str)
+            .map_err(|e| anyhow::anyhow!("--oidc-issuer `{issuer_str}` is not a URL: {e}"))?;
+        if !matches!(parsed.scheme(), "https" | "http") {
+            anyhow::bail!("--oidc-issuer must be an https URL (http only for local testing)");
+        }
         // Validated once here, so the handlers cannot fail on them.
         IssuerUrl::new(issuer_str.clone())?;
         let redirect_url = format!("{public_base}/admin/sso/callback");
@@ -168,7 +175,7 @@ impl SsoSettings {
                 .oidc_provider_name
                 .clone()
                 .filter(|n| !n.trim().is_empty())
-                .unwrap_or_else(|| issuer.host_str().unwrap_or("your provider").to_owned()),
+                .unwrap_or_else(|| parsed.host_str().unwrap_or("your provider").to_owned()),
             issuer: issuer_str,
             client_id,
             client_secret,
@@ -670,7 +677,51 @@ pub fn login_options(state: &AppState) -> LoginOptions {
 
 #[cfg(test)]
 mod tests {
-    use super::sanitize_username;
+    use super::{Role, SsoSettings, sanitize_username};
+
+    fn settings(map: &[&str]) -> SsoSettings {
+        use clap::Parser;
+        let mut args = vec![
+            "toolgate",
+            "serve",
+            "--oidc-issuer",
+            "https://id.example.com/realms/acme/",
+            "--oidc-client-id",
+            "toolgate",
+        ];
+        for m in map {
+            args.extend(["--oidc-role-map", m]);
+        }
+        let crate::config::Command::Serve(serve) =
+            crate::config::Cli::try_parse_from(args).unwrap().command
+        else {
+            unreachable!()
+        };
+        SsoSettings::from_args(&serve.oidc, "https://gate.example.com")
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_most_privileged_mapped_role_wins_and_no_match_is_no_role() {
+        let s = settings(&["staff=viewer", "ops=admin", "audit=auditor", "bots=member"]);
+        let v = |xs: &[&str]| xs.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+        assert_eq!(s.role_for(&v(&["staff", "ops"])), Some(Role::Admin));
+        assert_eq!(s.role_for(&v(&["audit", "staff"])), Some(Role::Auditor));
+        assert_eq!(s.role_for(&v(&["bots"])), Some(Role::Member));
+        assert_eq!(s.role_for(&v(&["Ops", "staff "])), None, "values match exactly");
+        assert_eq!(s.role_for(&[]), None);
+        assert_eq!(s.redirect_url, "https://gate.example.com/admin/sso/callback");
+        assert_eq!(s.issuer, "https://id.example.com/realms/acme/", "kept as given");
+        assert_eq!(s.provider_name, "id.example.com");
+    }
+
+    #[test]
+    fn the_client_secret_stays_out_of_debug_output() {
+        let mut s = settings(&["a=admin"]);
+        s.client_secret = Some("hunter2-secret".into());
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
 
     #[test]
     fn provider_usernames_are_sanitized_into_the_account_alphabet() {
