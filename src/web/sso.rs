@@ -709,10 +709,20 @@ mod tests {
         assert_eq!(s.role_for(&v(&["staff", "ops"])), Some(Role::Admin));
         assert_eq!(s.role_for(&v(&["audit", "staff"])), Some(Role::Auditor));
         assert_eq!(s.role_for(&v(&["bots"])), Some(Role::Member));
-        assert_eq!(s.role_for(&v(&["Ops", "staff "])), None, "values match exactly");
+        assert_eq!(
+            s.role_for(&v(&["Ops", "staff "])),
+            None,
+            "values match exactly"
+        );
         assert_eq!(s.role_for(&[]), None);
-        assert_eq!(s.redirect_url, "https://gate.example.com/admin/sso/callback");
-        assert_eq!(s.issuer, "https://id.example.com/realms/acme/", "kept as given");
+        assert_eq!(
+            s.redirect_url,
+            "https://gate.example.com/admin/sso/callback"
+        );
+        assert_eq!(
+            s.issuer, "https://id.example.com/realms/acme/",
+            "kept as given"
+        );
         assert_eq!(s.provider_name, "id.example.com");
     }
 
