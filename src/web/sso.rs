@@ -365,6 +365,8 @@ pub struct CallbackQuery {
     code: Option<String>,
     state: Option<String>,
     error: Option<String>,
+    /// RFC 9207: the issuer of this answer, when the provider says (against mix-up attacks).
+    iss: Option<String>,
 }
 
 /// What the provider says about the person, from the verified ID token (and userinfo).
@@ -432,6 +434,17 @@ pub async fn callback(
             again.into(),
         ));
     };
+    if q.iss
+        .as_deref()
+        .is_some_and(|iss| iss != sso.settings.issuer)
+    {
+        return Ok(refuse(
+            Outcome::Denied,
+            None,
+            "authorization response from another issuer",
+            "This answer came from another provider than the one configured. Start again.".into(),
+        ));
+    }
     if let Some(error) = &q.error {
         let error = bounded(error);
         return Ok(refuse(

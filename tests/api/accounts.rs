@@ -519,6 +519,36 @@ async fn an_sso_callback_is_refused_unless_this_browser_started_it(pool: PgPool)
         .await
         .unwrap();
     assert_eq!(sessions, 0);
+    // A live flow, answered by another issuer (RFC 9207 mix-up): refused, and used up.
+    let flow = toolgate::db::accounts::SsoFlow {
+        nonce: "n".into(),
+        pkce_verifier: "v".into(),
+        next_url: "/admin".into(),
+    };
+    toolgate::db::accounts::insert_flow(
+        &app.state.db,
+        &toolgate::web::session::sha256_hex("live-state"),
+        &flow,
+        chrono::Utc::now() + chrono::Duration::minutes(5),
+    )
+    .await
+    .unwrap();
+    let callback = |iss: &str| {
+        Request::get(format!(
+            "/admin/sso/callback?state=live-state&code=c&iss={iss}"
+        ))
+        .header(header::COOKIE, "toolgate_sso=live-state")
+        .body(Body::empty())
+        .unwrap()
+    };
+    let r = app.send(callback("https%3A%2F%2Fevil.example")).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text);
+    assert!(r.text.contains("another provider"), "{}", r.text);
+    let r = app.send(callback("http%3A%2F%2F127.0.0.1%3A9%2F")).await;
+    assert!(
+        r.text.contains("did not start in this browser"),
+        "a flow answers once"
+    );
     // The provider being down is a clear 502, not a crash.
     let r = b.get("/admin/sso/start").await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text);
