@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The admin UI in a real browser: installs what the browser test needs (Debian's chromium and
-# chromium-driver when missing, playwright-core from the lockfile; no browser download), builds
-# toolgate, and runs tests/browser/admin-ui.test.mjs with node's test runner. Exits non-zero on
-# any failure. Screenshots land in $SCREENSHOT_DIR (default target/browser-screenshots).
+# The admin UI in a real browser: installs what the browser tests need (Debian's chromium and
+# chromium-driver when missing, playwright-core and the test OpenID Provider (oidc-provider)
+# from their lockfiles; no browser download), builds toolgate, and runs every
+# tests/browser/*.test.mjs with node's test runner. Exits non-zero on any failure. Screenshots
+# land in $SCREENSHOT_DIR (default target/browser-screenshots).
 #
 # Needs: Postgres on 127.0.0.1:5432 with trust auth (PG_BASE to change), Node 20 or newer, npm.
 set -euo pipefail
@@ -29,6 +30,8 @@ node --version
 # playwright-core only: it drives the system Chromium and never downloads a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
+# The real OpenID Provider the SSO test signs in through.
+(cd tests/oidc-provider && npm ci --no-audit --no-fund --loglevel=error)
 
 cargo build --bin toolgate
 
@@ -36,5 +39,6 @@ export TOOLGATE_BIN=$root/target/debug/toolgate
 export SCREENSHOT_DIR=${SCREENSHOT_DIR:-$root/target/browser-screenshots}
 export PG_BASE=${PG_BASE:-postgres://${PGUSER:-root}@127.0.0.1:5432}
 cd tests/browser
-node --test admin-ui.test.mjs
+# One process per file, one at a time: each starts its own toolgate (and provider).
+node --test --test-concurrency=1 ./*.test.mjs
 echo "screenshots in $SCREENSHOT_DIR"

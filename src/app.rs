@@ -45,6 +45,10 @@ pub struct Settings {
     pub instance: String,
     /// Reverse proxies whose `X-Forwarded-For` names the client (see [`crate::http::client_addr`]).
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Admin UI session lifetimes and sign-in methods.
+    pub accounts: web::session::AccountSettings,
+    /// Admin sign-in with an OpenID Provider, when configured.
+    pub sso: Option<web::sso::SsoSettings>,
 }
 
 impl Settings {
@@ -60,6 +64,7 @@ impl Settings {
             None => url::Url::parse(&format!("http://{}", args.bind))?,
         };
         let issuer = public.as_str().trim_end_matches('/').to_owned();
+        let issuer_for_sso = issuer.clone();
         let mut allowed_hosts = vec![
             "localhost".to_owned(),
             "127.0.0.1".to_owned(),
@@ -111,6 +116,8 @@ impl Settings {
             },
             instance: crate::audit::instance_name().to_owned(),
             trusted_proxies: args.trusted_proxies.clone(),
+            accounts: web::session::AccountSettings::from_args(args),
+            sso: web::sso::SsoSettings::from_args(&args.oidc, &issuer_for_sso)?,
         })
     }
 }
@@ -173,6 +180,8 @@ pub struct Inner {
     pub upstreams: crate::upstream::Upstreams,
     /// Access tokens whose signature was already verified.
     pub verified_tokens: crate::auth::token::VerifiedTokens,
+    /// Admin sign-in with an OpenID Provider; `None` when not configured.
+    pub sso: Option<web::sso::Sso>,
     /// Set at SIGTERM: `/readyz` answers 503 and responses close their connections.
     draining: std::sync::atomic::AtomicBool,
     /// HTTP requests being served now (what a drain waits for).
@@ -225,6 +234,7 @@ impl AppState {
             limits,
             upstreams: crate::upstream::Upstreams::default(),
             verified_tokens: Default::default(),
+            sso: settings.sso.clone().map(web::sso::Sso::new),
             settings,
             db,
             policy: PolicyHandle::default(),
