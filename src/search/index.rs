@@ -19,6 +19,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::analyze::{self, QueryAnalysis};
+use super::embed::{self, StaticModel};
 use crate::pool::{Catalog, Tool};
 
 /// Ranking parameters. The first defaults (k1, b, field weights 3 / 1 / 0.5) were fixed from
@@ -49,6 +50,11 @@ pub struct SearchOptions {
     pub ngram_max: usize,
     /// How the word and n-gram rankers are combined.
     pub fusion: Fusion,
+    /// Weight of the static embedding model's cosine beside the word ranker, when the gateway
+    /// was given a table (`--search-embeddings`); without one this has no effect.
+    pub embedding_weight: f64,
+    /// How the word ranker and the embedding model are combined.
+    pub embedding_fusion: Fusion,
 }
 
 /// How the word ranker and the n-gram ranker are combined.
@@ -78,6 +84,10 @@ impl Default for SearchOptions {
             ngram_min: 3,
             ngram_max: 5,
             fusion: Fusion::Sum,
+            // Best on dev among the weights tried, and still no better than none (see
+            // bench/README.md): the table is optional and off unless given.
+            embedding_weight: 0.25,
+            embedding_fusion: Fusion::Sum,
         }
     }
 }
@@ -120,7 +130,10 @@ impl SearchOptions {
             )
         } else {
             String::new()
-        }
+        } + &format!(
+            "; static embeddings (when a table is given) weight {} ({:?})",
+            self.embedding_weight, self.embedding_fusion
+        )
     }
 
     /// The variants the benchmark's `--ablation` compares, by label.
@@ -266,6 +279,26 @@ impl SearchOptions {
             ("3-5-grams, RRF, weight 0.5", gram(3, 5, 0.5, Fusion::Rrf)),
             ("4-grams, RRF, weight 1", gram(4, 4, 1.0, Fusion::Rrf)),
         ]);
+        let emb = |weight, fusion| SearchOptions {
+            embedding_weight: weight,
+            embedding_fusion: fusion,
+            ..o
+        };
+        v.extend([
+            ("embeddings off", emb(0.0, Fusion::Sum)),
+            ("embeddings, sum, weight 0.25", emb(0.25, Fusion::Sum)),
+            ("embeddings, sum, weight 0.5", emb(0.5, Fusion::Sum)),
+            ("embeddings, sum, weight 1", emb(1.0, Fusion::Sum)),
+            ("embeddings, sum, weight 2", emb(2.0, Fusion::Sum)),
+            ("embeddings, sum, weight 4", emb(4.0, Fusion::Sum)),
+            (
+                "embeddings, sum, weight 100 (nearly alone)",
+                emb(100.0, Fusion::Sum),
+            ),
+            ("embeddings, RRF, weight 0.5", emb(0.5, Fusion::Rrf)),
+            ("embeddings, RRF, weight 1", emb(1.0, Fusion::Rrf)),
+            ("embeddings, RRF, weight 2", emb(2.0, Fusion::Rrf)),
+        ]);
         v
     }
 }
@@ -286,9 +319,22 @@ struct Analyzed {
     /// Character n-grams, sorted; empty when the n-gram ranker is off.
     grams: Vec<(String, f64)>,
     gram_len: f64,
+    /// The tool's unit vector under the embedding model, if the index has one.
+    vector: Option<Vec<f32>>,
 }
 
-fn analyze_tool(tool: &Tool, o: &SearchOptions) -> Analyzed {
+fn analyze_tool(tool: &Tool, o: &SearchOptions, model: Option<&StaticModel>) -> Analyzed {
+    let vector = model.and_then(|m| {
+        let mut acc = vec![0.0; m.dim()];
+        m.accumulate(tool.name.as_str(), 1.0, &mut acc);
+        if let Some(title) = &tool.title {
+            m.accumulate(title, 1.0, &mut acc);
+        }
+        if let Some(description) = &tool.description {
+            m.accumulate(description, 1.0, &mut acc);
+        }
+        embed::normalize(acc)
+    });
     let mut tf: HashMap<String, f64> = HashMap::new();
     let mut gf: HashMap<String, f64> = HashMap::new();
     let mut len = 0.0;
@@ -325,6 +371,7 @@ fn analyze_tool(tool: &Tool, o: &SearchOptions) -> Analyzed {
         len,
         grams,
         gram_len,
+        vector,
     }
 }
 
@@ -370,6 +417,8 @@ pub struct Hit {
 #[derive(Default)]
 pub struct SearchIndex {
     options: SearchOptions,
+    /// The embedding table the tool vectors were made with, if any.
+    model: Option<Arc<StaticModel>>,
     /// In catalog (name) order.
     docs: Vec<(Arc<Tool>, Arc<Analyzed>)>,
     by_name: HashMap<String, u32>,
@@ -396,21 +445,39 @@ impl SearchIndex {
         Self::build_with(catalog, previous, SearchOptions::default())
     }
 
-    /// Indexes `catalog`, reusing the analysis of every unchanged tool of `previous`.
+    /// Indexes `catalog` with `options` and the installed embedding table, if any.
     pub fn build_with(
         catalog: &Catalog,
         previous: Option<&SearchIndex>,
         options: SearchOptions,
     ) -> Self {
+        Self::build_with_model(catalog, previous, options, embed::installed())
+    }
+
+    /// Indexes `catalog`, reusing the analysis of every unchanged tool of `previous`; `model`
+    /// is used only when `options.embedding_weight` is above 0.
+    pub fn build_with_model(
+        catalog: &Catalog,
+        previous: Option<&SearchIndex>,
+        options: SearchOptions,
+        model: Option<Arc<StaticModel>>,
+    ) -> Self {
+        let model = model.filter(|_| options.embedding_weight > 0.0);
+        let same_model = |p: &SearchIndex| match (&p.model, &model) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
         let reusable = |tool: &Tool| -> Option<Arc<Analyzed>> {
-            let prev = previous.filter(|p| p.options == options)?;
+            let prev = previous.filter(|p| p.options == options && same_model(p))?;
             let (_, a) = &prev.docs[*prev.by_name.get(tool.name.as_str())? as usize];
             (a.content_hash == tool.content_hash).then(|| a.clone())
         };
         let docs: Vec<(Arc<Tool>, Arc<Analyzed>)> = catalog
             .tools()
             .map(|t| {
-                let a = reusable(t).unwrap_or_else(|| Arc::new(analyze_tool(t, &options)));
+                let a = reusable(t)
+                    .unwrap_or_else(|| Arc::new(analyze_tool(t, &options, model.as_deref())));
                 (t.clone(), a)
             })
             .collect();
@@ -438,6 +505,7 @@ impl SearchIndex {
         }
         Self {
             options,
+            model,
             docs,
             by_name,
             vocabulary,
@@ -552,6 +620,44 @@ impl SearchIndex {
                 &mut matched,
             );
             fuse(visible, &mut scores, &gram_scores, o.ngram_weight, o.fusion);
+        }
+        if let Some(q) = self.model.as_ref().and_then(|m| m.embed(query)) {
+            // Cosine of each visible tool with the query, shifted so that the visible tool
+            // least like the query gets 0 and the one most like it 1: both ends come from the
+            // visible tools only, as the word statistics do.
+            let mut cos = vec![0.0f64; visible.len()];
+            let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+            for (d, (_, a)) in self.docs.iter().enumerate() {
+                let (i, Some(v)) = (slot[d], &a.vector) else {
+                    continue;
+                };
+                if i == u32::MAX {
+                    continue;
+                }
+                let c = embed::dot(&q, v) as f64;
+                cos[i as usize] = c;
+                lo = lo.min(c);
+                hi = hi.max(c);
+                // Every tool with a vector is a candidate: the model's point is to find
+                // tools that share no word with the request.
+                matched[i as usize] = true;
+            }
+            if hi > lo {
+                for (c, m) in cos.iter_mut().zip(&matched) {
+                    *c = if *m {
+                        (*c - lo) / (hi - lo) + 1e-9
+                    } else {
+                        0.0
+                    };
+                }
+            }
+            fuse(
+                visible,
+                &mut scores,
+                &cos,
+                o.embedding_weight,
+                o.embedding_fusion,
+            );
         }
         // Best `limit` first: select them before sorting, since with a lexicon most visible
         // tools match some term.

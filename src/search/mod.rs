@@ -28,6 +28,7 @@
 //! [`PolicySnapshot::visible`]: crate::policy::snapshot::PolicySnapshot::visible
 
 mod analyze;
+pub mod embed;
 pub mod index;
 
 use std::path::PathBuf;
