@@ -505,13 +505,27 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
-    if a.quick {
-        return ablation(&a, &benches);
+    if !a.quick {
+        tokens_and_speed(&a, &benches)?;
     }
+    ablation(&a, &benches)?;
+
+    if a.misses {
+        for (title, misses) in &other_misses {
+            print_misses(&format!("{title}: first result not relevant"), misses);
+        }
+    }
+    if !a.dev_only && a.catalog.is_none() {
+        print_misses("public test: first result not relevant", &test_misses);
+    }
+    Ok(())
+}
+
+fn tokens_and_speed(a: &Args, benches: &[Bench]) -> anyhow::Result<()> {
     println!();
     println!("tokens (o200k_base): full tools/list against search mode (search_tools + call_tool");
     println!("and one search_tools result, its text block, mean over the queries)");
-    for b in &benches {
+    for b in benches {
         let index = SearchIndex::build(&b.catalog, None);
         let queries: Vec<&Query> = b.sets.iter().flat_map(|(_, q)| q).collect();
         let t = tokens(&index, &b.all, &queries, a.limit);
@@ -540,16 +554,6 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
-    ablation(&a, &benches)?;
-
-    if a.misses {
-        for (title, misses) in &other_misses {
-            print_misses(&format!("{title}: first result not relevant"), misses);
-        }
-    }
-    if !a.dev_only && a.catalog.is_none() {
-        print_misses("public test: first result not relevant", &test_misses);
-    }
     Ok(())
 }
 

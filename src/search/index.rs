@@ -55,6 +55,11 @@ pub struct SearchOptions {
     pub embedding_weight: f64,
     /// How the word ranker and the embedding model are combined.
     pub embedding_fusion: Fusion,
+    /// When the query names a tool's group ("on GitHub", "in Notion", "git"), that tool's
+    /// score is multiplied by 1 + this: people name the product to tell twins apart (a local
+    /// `git` tool and its GitHub counterpart), and the group name is in every tool of the
+    /// group, so BM25 alone gives it almost no weight.
+    pub group_boost: f64,
 }
 
 /// How the word ranker and the n-gram ranker are combined.
@@ -88,6 +93,7 @@ impl Default for SearchOptions {
             // bench/README.md): the table is optional and off unless given.
             embedding_weight: 0.25,
             embedding_fusion: Fusion::Sum,
+            group_boost: 0.5,
         }
     }
 }
@@ -285,6 +291,41 @@ impl SearchOptions {
             ..o
         };
         v.extend([
+            (
+                "group boost 0",
+                SearchOptions {
+                    group_boost: 0.0,
+                    ..o
+                },
+            ),
+            (
+                "group boost 0.25",
+                SearchOptions {
+                    group_boost: 0.25,
+                    ..o
+                },
+            ),
+            (
+                "group boost 0.5",
+                SearchOptions {
+                    group_boost: 0.5,
+                    ..o
+                },
+            ),
+            (
+                "group boost 1",
+                SearchOptions {
+                    group_boost: 1.0,
+                    ..o
+                },
+            ),
+            (
+                "group boost 2",
+                SearchOptions {
+                    group_boost: 2.0,
+                    ..o
+                },
+            ),
             ("embeddings off", emb(0.0, Fusion::Sum)),
             ("embeddings, sum, weight 0.25", emb(0.25, Fusion::Sum)),
             ("embeddings, sum, weight 0.5", emb(0.5, Fusion::Sum)),
@@ -658,6 +699,28 @@ impl SearchIndex {
                 o.embedding_weight,
                 o.embedding_fusion,
             );
+        }
+        if o.group_boost > 0.0 {
+            let mut words = Vec::new();
+            analyze::words(query, &mut words);
+            let words: Vec<String> = words.iter().map(|w| analyze::fold(w)).collect();
+            let named = |group: &str| {
+                let joined: String = group.split(['_', '-', '.']).collect();
+                words.iter().any(|w| *w == joined)
+                    || group
+                        .split(['_', '-', '.'])
+                        .filter(|p| !p.is_empty())
+                        .all(|p| words.iter().any(|w| w == p))
+            };
+            // A tool's group is its own: the boost depends on nothing but the tool and the query.
+            for (i, t) in visible.iter().enumerate() {
+                let name = t.name.as_str();
+                if let Some((group, _)) = name.split_once("__") {
+                    if named(&group.to_ascii_lowercase()) {
+                        scores[i] *= 1.0 + o.group_boost;
+                    }
+                }
+            }
         }
         // Best `limit` first: select them before sorting, since with a lexicon most visible
         // tools match some term.
