@@ -84,6 +84,7 @@ impl Default for SearchOptions {
                 languages: true,
                 lexicon_weight: 0.7,
                 decompound: true,
+                hint_weight: 0.7,
             },
             ngram_weight: 0.0,
             ngram_min: 3,
@@ -109,6 +110,7 @@ impl SearchOptions {
                 languages: false,
                 lexicon_weight: 0.0,
                 decompound: false,
+                hint_weight: 0.0,
             },
             ..Self::default()
         }
@@ -285,12 +287,21 @@ impl SearchOptions {
             ("3-5-grams, RRF, weight 0.5", gram(3, 5, 0.5, Fusion::Rrf)),
             ("4-grams, RRF, weight 1", gram(4, 4, 1.0, Fusion::Rrf)),
         ]);
+        let hint = |hint_weight| SearchOptions {
+            query: QueryAnalysis { hint_weight, ..q },
+            ..o
+        };
         let emb = |weight, fusion| SearchOptions {
             embedding_weight: weight,
             embedding_fusion: fusion,
             ..o
         };
         v.extend([
+            ("hints off", hint(0.0)),
+            ("hints weight 0.3", hint(0.3)),
+            ("hints weight 0.5", hint(0.5)),
+            ("hints weight 0.7", hint(0.7)),
+            ("hints weight 1", hint(1.0)),
             (
                 "group boost 0",
                 SearchOptions {
@@ -662,7 +673,13 @@ impl SearchIndex {
             );
             fuse(visible, &mut scores, &gram_scores, o.ngram_weight, o.fusion);
         }
-        if let Some(q) = self.model.as_ref().and_then(|m| m.embed(query)) {
+        let embedded = self.model.as_ref().and_then(|m| {
+            // Function words carry no meaning the model could use, and would pull every query
+            // towards the same point.
+            m.embed(&analyze::content_words(query))
+                .or_else(|| m.embed(query))
+        });
+        if let Some(q) = embedded {
             // Cosine of each visible tool with the query, shifted so that the visible tool
             // least like the query gets 0 and the one most like it 1: both ends come from the
             // visible tools only, as the word statistics do.
