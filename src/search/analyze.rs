@@ -377,6 +377,18 @@ impl Lexicon {
             .get(&(lang, lang.key(folded)))
             .map(Vec::as_slice)
     }
+
+    /// The longest source stem of at least `min` characters that the word's stem starts
+    /// with: Snowball leaves many inflected forms on another stem than the one the lexicon
+    /// lists ("retenu" against "retenir", "gemergt" against "mergen").
+    fn get_prefix(&self, lang: Lang, folded: &str, min: usize) -> Option<&[String]> {
+        let key = lang.key(folded);
+        let chars: Vec<char> = key.chars().collect();
+        (min..chars.len()).rev().find_map(|n| {
+            let prefix: String = chars[..n].iter().collect();
+            self.targets.get(&(lang, prefix)).map(Vec::as_slice)
+        })
+    }
 }
 
 /// How a query is analyzed; the benchmark compares variants.
@@ -391,6 +403,9 @@ pub struct QueryAnalysis {
     /// Weight of the terms that the shape of a token implies (0 turns them off): a URL means
     /// "url", `logo.png` or `src/main.go` "file", `acme/api` "repository", `@dana` "user".
     pub hint_weight: f64,
+    /// A word the lexicon does not know also matches a source stem it starts with, of at
+    /// least this many characters (0 turns this off).
+    pub prefix_min: usize,
 }
 
 /// The weighted search terms of a query, sorted by term, each once.
@@ -423,6 +438,16 @@ pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
                     found = true;
                     for t in targets {
                         put(t, a.lexicon_weight);
+                    }
+                }
+            }
+            if !found && a.prefix_min > 0 && !stop {
+                for &l in langs {
+                    if let Some(targets) = lexicon.get_prefix(l, &folded, a.prefix_min) {
+                        found = true;
+                        for t in targets {
+                            put(t, a.lexicon_weight);
+                        }
                     }
                 }
             }
@@ -600,6 +625,7 @@ mod tests {
             lexicon_weight: 0.7,
             decompound: true,
             hint_weight: 0.0,
+            prefix_min: 0,
         };
         let q = query_terms("crée un dossier dans mes documents", &a);
         assert!(has(&q, "directori") && has(&q, "folder"), "{q:?}");
@@ -621,6 +647,7 @@ mod tests {
             lexicon_weight: 0.0,
             decompound: false,
             hint_weight: 0.0,
+            prefix_min: 0,
         };
         assert!(!has(&query_terms("file a ticket", &plain), "issu"));
     }

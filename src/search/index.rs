@@ -85,6 +85,7 @@ impl Default for SearchOptions {
                 lexicon_weight: 0.7,
                 decompound: true,
                 hint_weight: 0.7,
+                prefix_min: 0,
             },
             ngram_weight: 0.0,
             ngram_min: 3,
@@ -111,6 +112,7 @@ impl SearchOptions {
                 lexicon_weight: 0.0,
                 decompound: false,
                 hint_weight: 0.0,
+                prefix_min: 0,
             },
             ..Self::default()
         }
@@ -291,12 +293,19 @@ impl SearchOptions {
             query: QueryAnalysis { hint_weight, ..q },
             ..o
         };
+        let prefix = |prefix_min| SearchOptions {
+            query: QueryAnalysis { prefix_min, ..q },
+            ..o
+        };
         let emb = |weight, fusion| SearchOptions {
             embedding_weight: weight,
             embedding_fusion: fusion,
             ..o
         };
         v.extend([
+            ("lexicon prefixes of 4+", prefix(4)),
+            ("lexicon prefixes of 5+", prefix(5)),
+            ("lexicon prefixes of 6+", prefix(6)),
             ("hints off", hint(0.0)),
             ("hints weight 0.3", hint(0.3)),
             ("hints weight 0.5", hint(0.5)),
