@@ -732,7 +732,7 @@ impl SearchIndex {
             let words: Vec<String> = words.iter().map(|w| analyze::fold(w)).collect();
             let named = |group: &str| {
                 let joined: String = group.split(['_', '-', '.']).collect();
-                words.iter().any(|w| *w == joined)
+                words.contains(&joined)
                     || group
                         .split(['_', '-', '.'])
                         .filter(|p| !p.is_empty())
@@ -741,10 +741,10 @@ impl SearchIndex {
             // A tool's group is its own: the boost depends on nothing but the tool and the query.
             for (i, t) in visible.iter().enumerate() {
                 let name = t.name.as_str();
-                if let Some((group, _)) = name.split_once("__") {
-                    if named(&group.to_ascii_lowercase()) {
-                        scores[i] *= 1.0 + o.group_boost;
-                    }
+                if let Some((group, _)) = name.split_once("__")
+                    && named(&group.to_ascii_lowercase())
+                {
+                    scores[i] *= 1.0 + o.group_boost;
                 }
             }
         }
