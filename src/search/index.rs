@@ -739,11 +739,16 @@ impl SearchIndex {
                         .all(|p| words.iter().any(|w| w == p))
             };
             // A tool's group is its own: the boost depends on nothing but the tool and the query.
+            // Decided once per group, since thousands of tools share a few dozen groups.
+            let mut decided: HashMap<&str, bool> = HashMap::new();
             for (i, t) in visible.iter().enumerate() {
-                let name = t.name.as_str();
-                if let Some((group, _)) = name.split_once("__")
-                    && named(&group.to_ascii_lowercase())
-                {
+                let Some((group, _)) = t.name.as_str().split_once("__") else {
+                    continue;
+                };
+                let boost = *decided
+                    .entry(group)
+                    .or_insert_with(|| named(&group.to_ascii_lowercase()));
+                if boost {
                     scores[i] *= 1.0 + o.group_boost;
                 }
             }
