@@ -51,6 +51,9 @@ struct Args {
     dev_only: bool,
     misses: bool,
     ablation: bool,
+    embeddings: Option<PathBuf>,
+    variants: Option<String>,
+    quick: bool,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -60,6 +63,9 @@ fn args() -> anyhow::Result<Args> {
         dev_only: false,
         misses: false,
         ablation: false,
+        embeddings: None,
+        variants: None,
+        quick: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -69,12 +75,24 @@ fn args() -> anyhow::Result<Args> {
             "--dev" => a.dev_only = true,
             "--misses" => a.misses = true,
             "--ablation" => a.ablation = true,
+            "--embeddings" => {
+                a.embeddings = Some(it.next().context("--embeddings needs a file")?.into())
+            }
+            "--variants" => {
+                a.ablation = true;
+                a.variants = Some(it.next().context("--variants needs a label substring")?)
+            }
+            "--quick" => a.quick = true,
             "-h" | "--help" => {
                 println!(
-                    "search_bench [--dev] [--misses] [--ablation] [--limit N] [--catalog DIR]\n\
+                    "search_bench [--dev] [--misses] [--ablation] [--variants TEXT] [--quick] \
+                     [--embeddings FILE] [--limit N] [--catalog DIR]\n\
                      --dev       leave the public test split out (for tuning)\n\
                      --misses    also list the misses of the reference and dev sets\n\
                      --ablation  quality of the ranking variants that were tried\n\
+                     --variants  only the variants whose label contains TEXT (implies --ablation)\n\
+                     --quick     quality only: no tokens, no speed\n\
+                     --embeddings  a static embedding table (bench/embeddings/setup.sh)\n\
                      --catalog   one folder of tools.json (MCP tool definitions) and \
                      queries.json ([{{query, relevant: [tool names], lang?}}])"
                 );
@@ -430,6 +448,11 @@ fn variants() -> Vec<(&'static str, SearchOptions)> {
 
 fn main() -> anyhow::Result<()> {
     let a = args()?;
+    if let Some(path) = &a.embeddings {
+        let model = search::embed::StaticModel::load(path).map_err(|e| anyhow::anyhow!(e))?;
+        println!("embeddings   {} ({model:?})", path.display());
+        search::embed::install(model).map_err(|e| anyhow::anyhow!(e))?;
+    }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/catalogs");
     let benches = match &a.catalog {
         Some(dir) => vec![load(
@@ -482,10 +505,27 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
+    if !a.quick {
+        tokens_and_speed(&a, &benches)?;
+    }
+    ablation(&a, &benches)?;
+
+    if a.misses {
+        for (title, misses) in &other_misses {
+            print_misses(&format!("{title}: first result not relevant"), misses);
+        }
+    }
+    if !a.dev_only && a.catalog.is_none() {
+        print_misses("public test: first result not relevant", &test_misses);
+    }
+    Ok(())
+}
+
+fn tokens_and_speed(a: &Args, benches: &[Bench]) -> anyhow::Result<()> {
     println!();
     println!("tokens (o200k_base): full tools/list against search mode (search_tools + call_tool");
     println!("and one search_tools result, its text block, mean over the queries)");
-    for b in &benches {
+    for b in benches {
         let index = SearchIndex::build(&b.catalog, None);
         let queries: Vec<&Query> = b.sets.iter().flat_map(|(_, q)| q).collect();
         let t = tokens(&index, &b.all, &queries, a.limit);
@@ -514,12 +554,22 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
+    Ok(())
+}
+
+fn ablation(a: &Args, benches: &[Bench]) -> anyhow::Result<()> {
     if a.ablation {
         println!();
         println!("ablation: recall@1 / recall@5 / MRR per set, for each variant that was tried");
         for (label, options) in variants() {
+            if a.variants
+                .as_ref()
+                .is_some_and(|v| !label.contains(v.as_str()))
+            {
+                continue;
+            }
             let mut line = format!("  {label:<44}");
-            for b in &benches {
+            for b in benches {
                 let index = SearchIndex::build_with(&b.catalog, None, options);
                 for (set, queries) in &b.sets {
                     let [a1, a5, m, _] = quality(&index, &b.all, queries).all.mean();
@@ -528,15 +578,6 @@ fn main() -> anyhow::Result<()> {
             }
             println!("{line}");
         }
-    }
-
-    if a.misses {
-        for (title, misses) in &other_misses {
-            print_misses(&format!("{title}: first result not relevant"), misses);
-        }
-    }
-    if !a.dev_only && a.catalog.is_none() {
-        print_misses("public test: first result not relevant", &test_misses);
     }
     Ok(())
 }

@@ -77,6 +77,15 @@ impl Settings {
         if let Some(url) = args.redis_url.as_ref().filter(|u| !u.is_empty()) {
             crate::limits::SharedStore::check_url(url)?;
         }
+        if let Some(path) = &args.search_embeddings {
+            // Read once per process, before any snapshot (and so any search index) is built.
+            let model =
+                crate::search::embed::StaticModel::load(path).map_err(anyhow::Error::msg)?;
+            tracing::info!(table = %path.display(), ?model, "search embeddings loaded");
+            if let Err(e) = crate::search::embed::install(model) {
+                tracing::warn!(error = %e, "search embeddings: keeping the table loaded first");
+            }
+        }
         let mut allowed_origins = vec![origin_of(&public)];
         allowed_origins.extend(args.allowed_origins.iter().cloned());
         Ok(Self {

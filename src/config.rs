@@ -234,6 +234,10 @@ pub struct ServeArgs {
     /// and the search meta-tools above it.
     #[arg(long, env = "TOOLGATE_SEARCH_TOKEN_BUDGET", default_value_t = crate::search::DEFAULT_TOKEN_BUDGET)]
     pub search_token_budget: usize,
+    /// A static embedding table for `search_tools` (made by `bench/embeddings/setup.sh`): its
+    /// vectors are fused with the word ranker. Without it, search is the word ranker alone.
+    #[arg(long, env = "TOOLGATE_SEARCH_EMBEDDINGS")]
+    pub search_embeddings: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -319,6 +319,24 @@ pub fn query_grams(text: &str, min: usize, max: usize) -> Vec<String> {
     out
 }
 
+/// The words of a query that say what is wanted, lowercased but not folded (the embedding
+/// table knows "löschen", not "loeschen"): no stop word of the four languages, no
+/// conversational word ("can you show me").
+pub fn content_words(text: &str) -> String {
+    let mut ws = Vec::new();
+    words(text, &mut ws);
+    let kept: Vec<String> = ws
+        .into_iter()
+        .filter(|w| {
+            let f = fold(w);
+            !(CONVERSATION_STOP.contains(&f.as_str())
+                || Lang::ALL.iter().any(|l| l.is_stop(&f))
+                || is_fragment(&f))
+        })
+        .collect();
+    kept.join(" ")
+}
+
 /// The parsed [lexicon](lexicon.txt): (language, stemmed source word) → English target terms.
 struct Lexicon {
     targets: HashMap<(Lang, String), Vec<String>>,
@@ -359,6 +377,18 @@ impl Lexicon {
             .get(&(lang, lang.key(folded)))
             .map(Vec::as_slice)
     }
+
+    /// The longest source stem of at least `min` characters that the word's stem starts
+    /// with: Snowball leaves many inflected forms on another stem than the one the lexicon
+    /// lists ("retenu" against "retenir", "gemergt" against "mergen").
+    fn get_prefix(&self, lang: Lang, folded: &str, min: usize) -> Option<&[String]> {
+        let key = lang.key(folded);
+        let chars: Vec<char> = key.chars().collect();
+        (min..chars.len()).rev().find_map(|n| {
+            let prefix: String = chars[..n].iter().collect();
+            self.targets.get(&(lang, prefix)).map(Vec::as_slice)
+        })
+    }
 }
 
 /// How a query is analyzed; the benchmark compares variants.
@@ -370,6 +400,12 @@ pub struct QueryAnalysis {
     pub lexicon_weight: f64,
     /// Split unknown German compounds into known parts.
     pub decompound: bool,
+    /// Weight of the terms that the shape of a token implies (0 turns them off): a URL means
+    /// "url", `logo.png` or `src/main.go` "file", `acme/api` "repository", `@dana` "user".
+    pub hint_weight: f64,
+    /// A word the lexicon does not know also matches a source stem it starts with, of at
+    /// least this many characters (0 turns this off).
+    pub prefix_min: usize,
 }
 
 /// The weighted search terms of a query, sorted by term, each once.
@@ -405,6 +441,16 @@ pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
                     }
                 }
             }
+            if !found && a.prefix_min > 0 && !stop {
+                for &l in langs {
+                    if let Some(targets) = lexicon.get_prefix(l, &folded, a.prefix_min) {
+                        found = true;
+                        for t in targets {
+                            put(t, a.lexicon_weight);
+                        }
+                    }
+                }
+            }
             if !found && a.decompound && a.languages {
                 for t in decompound(lexicon, &folded) {
                     put(&t, a.lexicon_weight);
@@ -415,9 +461,78 @@ pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
             put(&Lang::En.key(&folded), 1.0);
         }
     }
+    if a.hint_weight > 0.0 {
+        for hint in hints(text) {
+            put(&Lang::En.key(hint), a.hint_weight);
+        }
+    }
     let mut terms: Vec<(String, f64)> = out.into_iter().collect();
     terms.sort_by(|a, b| a.0.cmp(&b.0));
     terms
+}
+
+/// What the shape of each whitespace-separated token says it is, in any language: a URL, a
+/// file (a name with an extension, or a dotted path), a folder (a path ending in `/`), an
+/// `owner/repo` pair, a `@user`. Requests name these far more often than the tool's words.
+pub fn hints(text: &str) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    for raw in text.split_whitespace() {
+        let t = raw.trim_matches(|c: char| {
+            matches!(
+                c,
+                '"' | '\'' | '`' | ',' | ';' | ':' | '?' | '!' | '(' | ')' | '«' | '»'
+            )
+        });
+        let t = t.strip_suffix('.').unwrap_or(t);
+        if t.len() < 2 || t.len() > 200 {
+            continue;
+        }
+        let lower = t.to_ascii_lowercase();
+        if lower.starts_with("http://")
+            || lower.starts_with("https://")
+            || lower.starts_with("www.")
+        {
+            out.push("url");
+            continue;
+        }
+        if let Some(user) = t.strip_prefix('@') {
+            if !user.is_empty()
+                && user
+                    .chars()
+                    .all(|c| c.is_alphanumeric() || c == '-' || c == '_')
+            {
+                out.push("user");
+            }
+            continue;
+        }
+        let last = t.rsplit('/').next().unwrap_or(t);
+        let extension = last.rsplit_once('.').is_some_and(|(stem, ext)| {
+            (1..=5).contains(&ext.len())
+                && ext.chars().all(|c| c.is_ascii_alphanumeric())
+                && ext.chars().any(|c| c.is_ascii_alphabetic())
+                && stem
+                    .chars()
+                    .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        });
+        if extension {
+            out.push("file");
+        } else if t.contains('/') && !t.contains("//") {
+            let parts: Vec<&str> = t.split('/').collect();
+            let words = parts.iter().all(|p| {
+                p.chars()
+                    .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            });
+            if !words {
+                continue;
+            }
+            if t.ends_with('/') || parts.len() > 2 {
+                out.push("directory");
+            } else if parts.len() == 2 && parts.iter().all(|p| !p.is_empty()) {
+                out.push("repository");
+            }
+        }
+    }
+    out
 }
 
 /// The lexicon targets of a German compound made of two known words, with an optional linking
@@ -447,6 +562,21 @@ fn decompound(lexicon: &Lexicon, word: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shape_of_a_token_says_what_it_is() {
+        assert_eq!(hints("lis « https://example.com/a » stp"), ["url"]);
+        assert_eq!(hints("open logo.png, then src/main.go."), ["file", "file"]);
+        assert_eq!(
+            hints("what's in docs/ and build/out/reports"),
+            ["directory", "directory"]
+        );
+        assert_eq!(hints("star acme/api for @dana-x"), ["repository", "user"]);
+        // Versions, sentences and e-mail-like noise are not files or users.
+        assert!(hints("release v1.2 and 1.29 ; a/b//c ; @ ; end.").is_empty());
+        let long = "a/".repeat(500);
+        assert!(hints(&long).is_empty());
+    }
 
     fn ws(s: &str) -> Vec<String> {
         let mut out = Vec::new();
@@ -494,6 +624,8 @@ mod tests {
             languages: true,
             lexicon_weight: 0.7,
             decompound: true,
+            hint_weight: 0.0,
+            prefix_min: 0,
         };
         let q = query_terms("crée un dossier dans mes documents", &a);
         assert!(has(&q, "directori") && has(&q, "folder"), "{q:?}");
@@ -514,6 +646,8 @@ mod tests {
             languages: false,
             lexicon_weight: 0.0,
             decompound: false,
+            hint_weight: 0.0,
+            prefix_min: 0,
         };
         assert!(!has(&query_terms("file a ticket", &plain), "issu"));
     }

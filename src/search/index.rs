@@ -19,6 +19,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::analyze::{self, QueryAnalysis};
+use super::embed::{self, StaticModel};
 use crate::pool::{Catalog, Tool};
 
 /// Ranking parameters. The first defaults (k1, b, field weights 3 / 1 / 0.5) were fixed from
@@ -49,6 +50,16 @@ pub struct SearchOptions {
     pub ngram_max: usize,
     /// How the word and n-gram rankers are combined.
     pub fusion: Fusion,
+    /// Weight of the static embedding model's cosine beside the word ranker, when the gateway
+    /// was given a table (`--search-embeddings`); without one this has no effect.
+    pub embedding_weight: f64,
+    /// How the word ranker and the embedding model are combined.
+    pub embedding_fusion: Fusion,
+    /// When the query names a tool's group ("on GitHub", "in Notion", "git"), that tool's
+    /// score is multiplied by 1 + this: people name the product to tell twins apart (a local
+    /// `git` tool and its GitHub counterpart), and the group name is in every tool of the
+    /// group, so BM25 alone gives it almost no weight.
+    pub group_boost: f64,
 }
 
 /// How the word ranker and the n-gram ranker are combined.
@@ -73,11 +84,18 @@ impl Default for SearchOptions {
                 languages: true,
                 lexicon_weight: 0.7,
                 decompound: true,
+                hint_weight: 0.7,
+                prefix_min: 0,
             },
             ngram_weight: 0.0,
             ngram_min: 3,
             ngram_max: 5,
             fusion: Fusion::Sum,
+            // Best on dev among the weights tried, and still no better than none (see
+            // bench/README.md): the table is optional and off unless given.
+            embedding_weight: 0.25,
+            embedding_fusion: Fusion::Sum,
+            group_boost: 0.5,
         }
     }
 }
@@ -93,6 +111,8 @@ impl SearchOptions {
                 languages: false,
                 lexicon_weight: 0.0,
                 decompound: false,
+                hint_weight: 0.0,
+                prefix_min: 0,
             },
             ..Self::default()
         }
@@ -120,7 +140,10 @@ impl SearchOptions {
             )
         } else {
             String::new()
-        }
+        } + &format!(
+            "; static embeddings (when a table is given) weight {} ({:?})",
+            self.embedding_weight, self.embedding_fusion
+        )
     }
 
     /// The variants the benchmark's `--ablation` compares, by label.
@@ -266,6 +289,77 @@ impl SearchOptions {
             ("3-5-grams, RRF, weight 0.5", gram(3, 5, 0.5, Fusion::Rrf)),
             ("4-grams, RRF, weight 1", gram(4, 4, 1.0, Fusion::Rrf)),
         ]);
+        let hint = |hint_weight| SearchOptions {
+            query: QueryAnalysis { hint_weight, ..q },
+            ..o
+        };
+        let prefix = |prefix_min| SearchOptions {
+            query: QueryAnalysis { prefix_min, ..q },
+            ..o
+        };
+        let emb = |weight, fusion| SearchOptions {
+            embedding_weight: weight,
+            embedding_fusion: fusion,
+            ..o
+        };
+        v.extend([
+            ("lexicon prefixes of 4+", prefix(4)),
+            ("lexicon prefixes of 5+", prefix(5)),
+            ("lexicon prefixes of 6+", prefix(6)),
+            ("hints off", hint(0.0)),
+            ("hints weight 0.3", hint(0.3)),
+            ("hints weight 0.5", hint(0.5)),
+            ("hints weight 0.7", hint(0.7)),
+            ("hints weight 1", hint(1.0)),
+            (
+                "group boost 0",
+                SearchOptions {
+                    group_boost: 0.0,
+                    ..o
+                },
+            ),
+            (
+                "group boost 0.25",
+                SearchOptions {
+                    group_boost: 0.25,
+                    ..o
+                },
+            ),
+            (
+                "group boost 0.5",
+                SearchOptions {
+                    group_boost: 0.5,
+                    ..o
+                },
+            ),
+            (
+                "group boost 1",
+                SearchOptions {
+                    group_boost: 1.0,
+                    ..o
+                },
+            ),
+            (
+                "group boost 2",
+                SearchOptions {
+                    group_boost: 2.0,
+                    ..o
+                },
+            ),
+            ("embeddings off", emb(0.0, Fusion::Sum)),
+            ("embeddings, sum, weight 0.25", emb(0.25, Fusion::Sum)),
+            ("embeddings, sum, weight 0.5", emb(0.5, Fusion::Sum)),
+            ("embeddings, sum, weight 1", emb(1.0, Fusion::Sum)),
+            ("embeddings, sum, weight 2", emb(2.0, Fusion::Sum)),
+            ("embeddings, sum, weight 4", emb(4.0, Fusion::Sum)),
+            (
+                "embeddings, sum, weight 100 (nearly alone)",
+                emb(100.0, Fusion::Sum),
+            ),
+            ("embeddings, RRF, weight 0.5", emb(0.5, Fusion::Rrf)),
+            ("embeddings, RRF, weight 1", emb(1.0, Fusion::Rrf)),
+            ("embeddings, RRF, weight 2", emb(2.0, Fusion::Rrf)),
+        ]);
         v
     }
 }
@@ -286,9 +380,22 @@ struct Analyzed {
     /// Character n-grams, sorted; empty when the n-gram ranker is off.
     grams: Vec<(String, f64)>,
     gram_len: f64,
+    /// The tool's unit vector under the embedding model, if the index has one.
+    vector: Option<Vec<f32>>,
 }
 
-fn analyze_tool(tool: &Tool, o: &SearchOptions) -> Analyzed {
+fn analyze_tool(tool: &Tool, o: &SearchOptions, model: Option<&StaticModel>) -> Analyzed {
+    let vector = model.and_then(|m| {
+        let mut acc = vec![0.0; m.dim()];
+        m.accumulate(tool.name.as_str(), 1.0, &mut acc);
+        if let Some(title) = &tool.title {
+            m.accumulate(title, 1.0, &mut acc);
+        }
+        if let Some(description) = &tool.description {
+            m.accumulate(description, 1.0, &mut acc);
+        }
+        embed::normalize(acc)
+    });
     let mut tf: HashMap<String, f64> = HashMap::new();
     let mut gf: HashMap<String, f64> = HashMap::new();
     let mut len = 0.0;
@@ -325,6 +432,7 @@ fn analyze_tool(tool: &Tool, o: &SearchOptions) -> Analyzed {
         len,
         grams,
         gram_len,
+        vector,
     }
 }
 
@@ -370,6 +478,8 @@ pub struct Hit {
 #[derive(Default)]
 pub struct SearchIndex {
     options: SearchOptions,
+    /// The embedding table the tool vectors were made with, if any.
+    model: Option<Arc<StaticModel>>,
     /// In catalog (name) order.
     docs: Vec<(Arc<Tool>, Arc<Analyzed>)>,
     by_name: HashMap<String, u32>,
@@ -396,21 +506,39 @@ impl SearchIndex {
         Self::build_with(catalog, previous, SearchOptions::default())
     }
 
-    /// Indexes `catalog`, reusing the analysis of every unchanged tool of `previous`.
+    /// Indexes `catalog` with `options` and the installed embedding table, if any.
     pub fn build_with(
         catalog: &Catalog,
         previous: Option<&SearchIndex>,
         options: SearchOptions,
     ) -> Self {
+        Self::build_with_model(catalog, previous, options, embed::installed())
+    }
+
+    /// Indexes `catalog`, reusing the analysis of every unchanged tool of `previous`; `model`
+    /// is used only when `options.embedding_weight` is above 0.
+    pub fn build_with_model(
+        catalog: &Catalog,
+        previous: Option<&SearchIndex>,
+        options: SearchOptions,
+        model: Option<Arc<StaticModel>>,
+    ) -> Self {
+        let model = model.filter(|_| options.embedding_weight > 0.0);
+        let same_model = |p: &SearchIndex| match (&p.model, &model) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
         let reusable = |tool: &Tool| -> Option<Arc<Analyzed>> {
-            let prev = previous.filter(|p| p.options == options)?;
+            let prev = previous.filter(|p| p.options == options && same_model(p))?;
             let (_, a) = &prev.docs[*prev.by_name.get(tool.name.as_str())? as usize];
             (a.content_hash == tool.content_hash).then(|| a.clone())
         };
         let docs: Vec<(Arc<Tool>, Arc<Analyzed>)> = catalog
             .tools()
             .map(|t| {
-                let a = reusable(t).unwrap_or_else(|| Arc::new(analyze_tool(t, &options)));
+                let a = reusable(t)
+                    .unwrap_or_else(|| Arc::new(analyze_tool(t, &options, model.as_deref())));
                 (t.clone(), a)
             })
             .collect();
@@ -438,6 +566,7 @@ impl SearchIndex {
         }
         Self {
             options,
+            model,
             docs,
             by_name,
             vocabulary,
@@ -552,6 +681,77 @@ impl SearchIndex {
                 &mut matched,
             );
             fuse(visible, &mut scores, &gram_scores, o.ngram_weight, o.fusion);
+        }
+        let embedded = self.model.as_ref().and_then(|m| {
+            // Function words carry no meaning the model could use, and would pull every query
+            // towards the same point.
+            m.embed(&analyze::content_words(query))
+                .or_else(|| m.embed(query))
+        });
+        if let Some(q) = embedded {
+            // Cosine of each visible tool with the query, shifted so that the visible tool
+            // least like the query gets 0 and the one most like it 1: both ends come from the
+            // visible tools only, as the word statistics do.
+            let mut cos = vec![0.0f64; visible.len()];
+            let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+            for (d, (_, a)) in self.docs.iter().enumerate() {
+                let (i, Some(v)) = (slot[d], &a.vector) else {
+                    continue;
+                };
+                if i == u32::MAX {
+                    continue;
+                }
+                let c = embed::dot(&q, v) as f64;
+                cos[i as usize] = c;
+                lo = lo.min(c);
+                hi = hi.max(c);
+                // Every tool with a vector is a candidate: the model's point is to find
+                // tools that share no word with the request.
+                matched[i as usize] = true;
+            }
+            if hi > lo {
+                for (c, m) in cos.iter_mut().zip(&matched) {
+                    *c = if *m {
+                        (*c - lo) / (hi - lo) + 1e-9
+                    } else {
+                        0.0
+                    };
+                }
+            }
+            fuse(
+                visible,
+                &mut scores,
+                &cos,
+                o.embedding_weight,
+                o.embedding_fusion,
+            );
+        }
+        if o.group_boost > 0.0 {
+            let mut words = Vec::new();
+            analyze::words(query, &mut words);
+            let words: Vec<String> = words.iter().map(|w| analyze::fold(w)).collect();
+            let named = |group: &str| {
+                let joined: String = group.split(['_', '-', '.']).collect();
+                words.contains(&joined)
+                    || group
+                        .split(['_', '-', '.'])
+                        .filter(|p| !p.is_empty())
+                        .all(|p| words.iter().any(|w| w == p))
+            };
+            // A tool's group is its own: the boost depends on nothing but the tool and the query.
+            // Decided once per group, since thousands of tools share a few dozen groups.
+            let mut decided: HashMap<&str, bool> = HashMap::new();
+            for (i, t) in visible.iter().enumerate() {
+                let Some((group, _)) = t.name.as_str().split_once("__") else {
+                    continue;
+                };
+                let boost = *decided
+                    .entry(group)
+                    .or_insert_with(|| named(&group.to_ascii_lowercase()));
+                if boost {
+                    scores[i] *= 1.0 + o.group_boost;
+                }
+            }
         }
         // Best `limit` first: select them before sorting, since with a lexicon most visible
         // tools match some term.

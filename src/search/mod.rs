@@ -12,8 +12,16 @@
 //! **Ranking.** BM25F over the name, title, description and parameters (names, descriptions,
 //! enum values) of each tool, with queries analyzed for English, French, German and Spanish and
 //! mapped onto the tools' English words through a small static lexicon (see `analyze.rs` and `lexicon.txt`). It
-//! needs no model and nothing from the network. Results carry each tool's name, description and
-//! input schema without the schema's bookkeeping, so that the model can call it.
+//! needs no model and nothing from the network. Two query-side signals sit on top: a token's
+//! shape implies a term (a URL "url", `logo.png` "file"), and a query that names a tool's group
+//! multiplies that tool's score. Results carry each tool's name, description and input schema
+//! without the schema's bookkeeping, so that the model can call it.
+//!
+//! **Optional embeddings.** Given a table (`--search-embeddings`, made by
+//! `bench/embeddings/setup.sh`), [`embed`] adds a static multilingual embedding's cosine to the
+//! word score. Each tool's vector is its own and the scaling uses the visible tools only, so
+//! visibility stays exact. Measured on the public benchmark it does not help (see
+//! `bench/README.md`), so it is off unless a table is given.
 //!
 //! **Why our own BM25 rather than a crate.** The maintained crates (`bm25`, `tantivy`) score
 //! against statistics of the whole corpus they hold, fitted up front, and return a top-k over
@@ -28,6 +36,7 @@
 //! [`PolicySnapshot::visible`]: crate::policy::snapshot::PolicySnapshot::visible
 
 mod analyze;
+pub mod embed;
 pub mod index;
 
 use std::path::PathBuf;

@@ -430,5 +430,31 @@ proptest! {
                 prop_assert_eq!(h.score.to_bits(), e.score.to_bits());
             }
         }
+        // And with an embedding table: a tool's vector is its own, and the cosines are scaled
+        // by the visible tools' lowest and highest only.
+        let model = Some(Arc::new(embed::tests::toy(QUERY_WORDS)));
+        for embedding_fusion in [Fusion::Sum, Fusion::Rrf] {
+            let o = SearchOptions {
+                embedding_weight: 0.7,
+                embedding_fusion,
+                ..SearchOptions::default()
+            };
+            let whole = SearchIndex::build_with_model(&catalog, None, o, model.clone());
+            let alone = SearchIndex::build_with_model(
+                &Catalog::new(visible.clone(), Vec::new()),
+                None,
+                o,
+                model.clone(),
+            );
+            let hits = whole.search(&visible, &query, limit);
+            let expected = alone.search(&visible, &query, limit);
+            prop_assert_eq!(names(&hits), names(&expected));
+            for (h, e) in hits.iter().zip(&expected) {
+                prop_assert_eq!(h.score.to_bits(), e.score.to_bits());
+            }
+            for h in &hits {
+                prop_assert!(visible_names.contains(h.tool.name.as_str()));
+            }
+        }
     }
 }

@@ -328,3 +328,42 @@ async fn the_api_reports_tokens_against_the_pool_and_the_effective_mode(pool: Pg
     assert_eq!(t["token_budget"], 5000);
     assert!(t["search_tokens"].as_u64().unwrap() > 0);
 }
+
+/// `--search-embeddings` is read at start, as hostile input: a missing file, a file of another
+/// format and a truncated table each stop the start with a message naming the problem (and
+/// nothing is installed, so the rest of this process still ranks with words alone).
+#[test]
+fn a_bad_embedding_table_stops_the_start_with_a_clear_error() {
+    use clap::Parser;
+    use toolgate::app::Settings;
+    use toolgate::config::{Cli, Command};
+
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("model.gguf");
+    std::fs::write(&other, b"GGUF\x03\0\0\0 not a table").unwrap();
+    let truncated = dir.path().join("cut.bin");
+    let mut head = b"TGE1".to_vec();
+    head.extend(30_000u32.to_le_bytes());
+    head.extend(128u32.to_le_bytes());
+    head.extend([5, b'a']);
+    std::fs::write(&truncated, head).unwrap();
+    let missing = dir.path().join("absent.bin");
+    for (file, says) in [
+        (&missing, "cannot read embedding table"),
+        (&other, "bad magic"),
+        (&truncated, "truncated"),
+    ] {
+        let args = [
+            "toolgate",
+            "serve",
+            "--search-embeddings",
+            file.to_str().unwrap(),
+        ];
+        let Command::Serve(serve) = Cli::try_parse_from(args).unwrap().command else {
+            unreachable!()
+        };
+        let err = Settings::from_args(&serve).unwrap_err().to_string();
+        assert!(err.contains(says), "{}: {err}", file.display());
+    }
+    assert!(toolgate::search::embed::installed().is_none());
+}
