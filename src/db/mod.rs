@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod assertions;
 pub mod audit;
+pub mod authorizations;
 pub mod catalog;
 pub mod pins;
 pub mod policy;

@@ -298,6 +298,7 @@ pub async fn show(
         ("Admin / actor", opt(&e.admin_user)),
         ("Resource", opt(&e.resource)),
         ("OAuth client", opt(&e.client_id)),
+        ("Person (signed in through the host)", opt(&e.person)),
         ("Token id (jti)", opt(&e.jti)),
         ("Call id", opt(&e.call_id)),
         ("Request id", opt(&e.request_id)),
