@@ -45,6 +45,8 @@ pub struct Settings {
     pub instance: String,
     /// Reverse proxies whose `X-Forwarded-For` names the client (see [`crate::http::client_addr`]).
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Client ID Metadata Documents may be fetched from inside addresses (development only).
+    pub cimd_allow_private: bool,
 }
 
 impl Settings {
@@ -52,6 +54,12 @@ impl Settings {
         if args.dev_agent.is_some() && !args.bind.ip().is_loopback() {
             anyhow::bail!(
                 "--dev-agent treats unauthenticated requests as an agent; it is refused on a non-loopback bind ({})",
+                args.bind
+            );
+        }
+        if args.oauth_cimd_allow_private && !args.bind.ip().is_loopback() {
+            anyhow::bail!(
+                "--oauth-cimd-allow-private lets outsiders make this server fetch inside addresses; it is refused on a non-loopback bind ({})",
                 args.bind
             );
         }
@@ -111,6 +119,7 @@ impl Settings {
             },
             instance: crate::audit::instance_name().to_owned(),
             trusted_proxies: args.trusted_proxies.clone(),
+            cimd_allow_private: args.oauth_cimd_allow_private,
         })
     }
 }
@@ -173,6 +182,8 @@ pub struct Inner {
     pub upstreams: crate::upstream::Upstreams,
     /// Access tokens whose signature was already verified.
     pub verified_tokens: crate::auth::token::VerifiedTokens,
+    /// Client ID Metadata Documents, fetched and cached.
+    pub cimd: crate::oauth::cimd::CimdCache,
     /// Set at SIGTERM: `/readyz` answers 503 and responses close their connections.
     draining: std::sync::atomic::AtomicBool,
     /// HTTP requests being served now (what a drain waits for).
@@ -225,6 +236,7 @@ impl AppState {
             limits,
             upstreams: crate::upstream::Upstreams::default(),
             verified_tokens: Default::default(),
+            cimd: crate::oauth::cimd::CimdCache::new(settings.cimd_allow_private),
             settings,
             db,
             policy: PolicyHandle::default(),

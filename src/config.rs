@@ -123,6 +123,10 @@ pub struct ServeArgs {
     /// Treat unauthenticated requests as this agent (local development only; loopback binds only).
     #[arg(long, env = "TOOLGATE_DEV_AGENT")]
     pub dev_agent: Option<String>,
+    /// Let Client ID Metadata Documents be fetched over http and from loopback or private
+    /// addresses (local development and tests only: it opens the fetch to the inside network).
+    #[arg(long, env = "TOOLGATE_OAUTH_CIMD_ALLOW_PRIVATE")]
+    pub oauth_cimd_allow_private: bool,
     /// Bearer token for the JSON admin API (/api/v1).
     #[arg(long, env = "TOOLGATE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
