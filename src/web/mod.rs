@@ -10,6 +10,8 @@ mod agents;
 mod arguments;
 mod audit;
 mod auth;
+mod authorizations;
+mod consent;
 mod dashboard;
 mod error;
 mod grants;
@@ -77,6 +79,12 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/audit/export", get(audit::export))
         .route("/audit/{id}", get(audit::show))
         .route("/logout", axum::routing::post(auth::logout))
+        .route("/consent", get(consent::show).post(consent::submit))
+        .route("/authorizations", get(authorizations::index))
+        .route(
+            "/authorizations/{id}/revoke",
+            axum::routing::post(authorizations::revoke),
+        )
         .route_layer(from_fn_with_state(state.clone(), session::require_session));
     let admin = Router::new()
         .route("/login", get(auth::login_form).post(auth::login_submit))

@@ -30,6 +30,12 @@ pub const LOGIN_COOKIE: &str = "toolgate_login";
 pub const FLASH_COOKIE: &str = "toolgate_flash";
 /// Sessions end this long after sign-in, whatever the activity.
 pub const SESSION_HOURS: i64 = 12;
+/// Routes any signed-in user may post to.
+const EVERY_ROLE_POSTS: [&str; 3] = [
+    "/admin/logout",
+    "/admin/consent",
+    "/admin/authorizations/{id}/revoke",
+];
 /// Largest form body a protected page accepts.
 const MAX_FORM_BYTES: usize = 256 * 1024;
 
@@ -234,8 +240,9 @@ pub async fn require_session(State(state): State<AppState>, req: Request, next: 
             )
             .into_response();
         }
-        // Signing out is the one change every role may make.
-        if path != "/admin/logout"
+        // Changes every role may make to what is their own: signing out, letting a host act
+        // for them, revoking what they let (each handler checks whose it is).
+        if !EVERY_ROLE_POSTS.contains(&path.as_str())
             && let Err(e) = admin.require_edit()
         {
             return e.into_response();
