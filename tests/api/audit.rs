@@ -438,7 +438,7 @@ async fn cli(pool: &PgPool, args: &[&str]) -> std::process::Output {
 }
 
 /// `toolgate audit verify` on the database: whether it passed, and what it printed.
-async fn verify_db(pool: &PgPool, extra: &[&str]) -> (bool, String) {
+pub(crate) async fn verify_db(pool: &PgPool, extra: &[&str]) -> (bool, String) {
     let mut args = vec!["verify"];
     args.extend_from_slice(extra);
     let out = cli(pool, &args).await;

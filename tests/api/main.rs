@@ -3,6 +3,7 @@
 mod apps;
 mod arguments;
 mod audit;
+mod authcode;
 mod cli;
 mod credentials;
 mod drain;
