@@ -645,3 +645,36 @@ async fn metadata_advertises_exactly_what_is_supported(pool: PgPool) {
         .contains(&json!("none")));
     assert!(m.get("registration_endpoint").is_none());
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn agent_users_round_trip_through_policy_files(pool: PgPool) {
+    let h = setup(pool.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    toolgate::policy::files::export(&pool, dir.path()).await.unwrap();
+    let file = dir.path().join("agents/assistant/agent.md");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("users:\n- alice\n"), "{text}");
+    let catalog = h.app.state.policy.load().catalog.clone();
+    let report =
+        toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", true, false)
+            .await
+            .unwrap();
+    assert!(report.changes.is_empty(), "{:?}", report.changes);
+
+    std::fs::write(&file, text.replace("users:\n- alice\n", "users: [bob, carol]\n")).unwrap();
+    let report =
+        toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", false, false)
+            .await
+            .unwrap();
+    assert_eq!(report.changes.len(), 1, "{:?}", report.changes);
+    h.app.state.reload_policy().await.unwrap();
+    let snapshot = h.app.state.policy.load();
+    assert_eq!(snapshot.agent("assistant").unwrap().record.users, ["bob", "carol"]);
+    assert!(!snapshot.may_act_as("alice", "assistant"));
+
+    std::fs::write(&file, text.replace("users:\n- alice\n", "users: [\"no spaces\"]\n")).unwrap();
+    let err = toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", false, false)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no spaces"), "{err}");
+}
