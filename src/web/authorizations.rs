@@ -2,8 +2,10 @@
 //! revoke everyone's.
 
 use askama::Template;
+use axum::Form;
 use axum::extract::{Path, State};
 use axum::response::Response;
+use serde::Deserialize;
 
 use super::error::WebError;
 use super::session::{Admin, redirect_with};
@@ -86,5 +88,45 @@ pub async fn revoke(
         &state,
         "/admin/authorizations",
         Flash::ok("The authorization is revoked: the application's tokens stop working now."),
+    ))
+}
+
+#[derive(Deserialize)]
+pub struct UserForm {
+    #[serde(default)]
+    username: String,
+}
+
+/// Adds a person who may act as the agent (admins only: `require_session` refuses others).
+pub async fn add_user(
+    State(state): State<AppState>,
+    admin: Admin,
+    Path(name): Path<String>,
+    Form(form): Form<UserForm>,
+) -> Result<Response, WebError> {
+    let username = form.username.trim();
+    service::add_agent_user(&state, &admin.actor(), &name, username).await?;
+    Ok(redirect_with(
+        &state,
+        &format!("/admin/agents/{name}"),
+        Flash::ok(format!("{username} may now act as {name} through a host.")),
+    ))
+}
+
+/// Removes a person from the agent; what they authorized for it is revoked.
+pub async fn remove_user(
+    State(state): State<AppState>,
+    admin: Admin,
+    Path(name): Path<String>,
+    Form(form): Form<UserForm>,
+) -> Result<Response, WebError> {
+    service::remove_agent_user(&state, &admin.actor(), &name, &form.username).await?;
+    Ok(redirect_with(
+        &state,
+        &format!("/admin/agents/{name}"),
+        Flash::ok(format!(
+            "{} may no longer act as {name}; their host authorizations for it are revoked.",
+            form.username
+        )),
     ))
 }

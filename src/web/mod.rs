@@ -80,6 +80,14 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/audit/{id}", get(audit::show))
         .route("/logout", axum::routing::post(auth::logout))
         .route("/consent", get(consent::show).post(consent::submit))
+        .route(
+            "/agents/{name}/users",
+            axum::routing::post(authorizations::add_user),
+        )
+        .route(
+            "/agents/{name}/users/remove",
+            axum::routing::post(authorizations::remove_user),
+        )
         .route("/authorizations", get(authorizations::index))
         .route(
             "/authorizations/{id}/revoke",

@@ -678,3 +678,31 @@ async fn agent_users_round_trip_through_policy_files(pool: PgPool) {
         .unwrap_err();
     assert!(err.to_string().contains("no spaces"), "{err}");
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn admins_edit_who_may_act_as_an_agent_on_its_page(pool: PgPool) {
+    let h = setup(pool).await;
+    let mut admin = Browser::signed_in(&h.app, "ada", "admin").await;
+    let page = admin.get("/admin/agents/assistant").await;
+    assert!(page.text.contains("<code>alice</code>"), "{}", page.text);
+    let r = admin
+        .submit("/admin/agents/meteo", "/admin/agents/meteo/users", &[("username", "alice")])
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    assert!(h.app.state.policy.load().may_act_as("alice", "meteo"));
+    let r = admin
+        .submit("/admin/agents/meteo", "/admin/agents/meteo/users", &[("username", "<script>")])
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    // A viewer may consent for themself, not change who may act as whom.
+    let mut alice = Browser::signed_in(&h.app, "alice", "viewer").await;
+    let r = alice
+        .submit("/admin", "/admin/agents/meteo/users/remove", &[("username", "alice")])
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text);
+    let r = admin
+        .submit("/admin/agents/meteo", "/admin/agents/meteo/users/remove", &[("username", "alice")])
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    assert!(!h.app.state.policy.load().may_act_as("alice", "meteo"));
+}
