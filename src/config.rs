@@ -291,6 +291,31 @@ pub enum ClientCommand {
         db: DbArgs,
         client_id: String,
     },
+    /// Register (or replace) a public client for an interactive host that has no Client ID
+    /// Metadata Document: it signs a person in with authorization code + PKCE.
+    RegisterPublic {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long)]
+        client_id: String,
+        /// The name people see on the consent page.
+        #[arg(long)]
+        name: String,
+        /// A redirect URI (repeat for several); a loopback http URI may vary its port.
+        #[arg(long = "redirect-uri", required = true)]
+        redirect_uris: Vec<String>,
+    },
+    /// Delete a public client; what people authorized for it is revoked.
+    DeletePublic {
+        #[command(flatten)]
+        db: DbArgs,
+        client_id: String,
+    },
+    /// List public clients.
+    ListPublic {
+        #[command(flatten)]
+        db: DbArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -703,7 +703,7 @@ pub async fn remove_agent_user(
 
 /// Registers (or replaces) a public client for hosts without a metadata document.
 pub async fn put_public_client(
-    state: &AppState,
+    pool: &sqlx::PgPool,
     actor: &str,
     client_id: &str,
     client_name: &str,
@@ -734,18 +734,33 @@ pub async fn put_public_client(
     for u in redirect_uris {
         crate::oauth::authorize::check_registered_redirect(u).map_err(ServiceError::Invalid)?;
     }
-    let mut tx = state.db.begin().await?;
+    let mut tx = pool.begin().await?;
     db::authorizations::put_public_client(&mut tx, actor, client_id, name, redirect_uris).await?;
     tx.commit().await?;
     Ok(())
 }
 
-pub async fn delete_public_client(state: &AppState, actor: &str, client_id: &str) -> Result<()> {
-    let mut tx = state.db.begin().await?;
+pub async fn delete_public_client(
+    pool: &sqlx::PgPool,
+    actor: &str,
+    client_id: &str,
+) -> Result<()> {
+    let mut tx = pool.begin().await?;
     if !db::authorizations::delete_public_client(&mut tx, actor, client_id).await? {
-        return Err(ServiceError::NotFound(format!("public client `{client_id}`")));
+        return Err(ServiceError::NotFound(format!(
+            "public client `{client_id}`"
+        )));
     }
     tx.commit().await?;
+    Ok(())
+}
+
+pub async fn delete_public_client_live(
+    state: &AppState,
+    actor: &str,
+    client_id: &str,
+) -> Result<()> {
+    delete_public_client(&state.db, actor, client_id).await?;
     refresh(state).await;
     Ok(())
 }

@@ -390,7 +390,7 @@ async fn put_public_client(
     Json(body): Json<PublicClientBody>,
 ) -> ApiResult<StatusCode> {
     service::put_public_client(
-        &state,
+        &state.db,
         API_ACTOR,
         &client_id,
         &body.client_name,
@@ -404,7 +404,7 @@ async fn delete_public_client(
     State(state): State<AppState>,
     Path(client_id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    service::delete_public_client(&state, API_ACTOR, &client_id).await?;
+    service::delete_public_client_live(&state, API_ACTOR, &client_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -417,7 +417,7 @@ async fn retention_drops_old_partitions_records_them_and_verify_says_so(pool: Pg
 }
 
 /// The database URL of the test's own database.
-async fn db_url(pool: &PgPool) -> String {
+pub(crate) async fn db_url(pool: &PgPool) -> String {
     let db: String = sqlx::query_scalar("SELECT current_database()")
         .fetch_one(pool)
         .await

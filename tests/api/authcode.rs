@@ -706,3 +706,53 @@ async fn admins_edit_who_may_act_as_an_agent_on_its_page(pool: PgPool) {
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
     assert!(!h.app.state.policy.load().may_act_as("alice", "meteo"));
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn public_clients_are_registered_from_the_command_line(pool: PgPool) {
+    let h = setup(pool.clone()).await;
+    let url = crate::audit::db_url(&pool).await;
+    let run = |args: Vec<&'static str>| {
+        let url = url.clone();
+        async move {
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+                .arg("client")
+                .args(args)
+                .env("DATABASE_URL", url)
+                .env("TOOLGATE_LOG", "warn")
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let out = run(vec![
+        "register-public",
+        "--client-id",
+        "vscode",
+        "--name",
+        "VS Code",
+        "--redirect-uri",
+        "http://127.0.0.1/",
+    ])
+    .await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(vec![
+        "register-public",
+        "--client-id",
+        "evil",
+        "--name",
+        "x",
+        "--redirect-uri",
+        "http://evil.example/cb",
+    ])
+    .await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not loopback"));
+    let list = h.app.admin("GET", "/api/v1/public-clients", None).await;
+    assert_eq!(list.body["public_clients"][0]["client_id"], "vscode", "{}", list.text);
+    let mut b = Browser::signed_in(&h.app, "alice", "viewer").await;
+    consent_page(&mut b, &authorize_url("vscode", "http://127.0.0.1:33333/", &[])).await;
+    let out = run(vec!["delete-public", "vscode"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = b.get(&authorize_url("vscode", "http://127.0.0.1:33333/", &[])).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+}
