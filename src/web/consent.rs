@@ -81,7 +81,7 @@ pub async fn show(
         .iter()
         .filter_map(|k| params.get(*k).map(|v| ((*k).to_owned(), v.clone())))
         .collect();
-    render(&ConsentPage {
+    let mut page = render(&ConsentPage {
         csrf: admin.csrf.clone(),
         username: admin.username.clone(),
         client_name: req.client.name.clone(),
@@ -91,7 +91,34 @@ pub async fn show(
         scopes: req.scope.split_whitespace().map(str::to_owned).collect(),
         agents,
         fields,
-    })
+    })?;
+    // The form's answer is a redirect to the host, which browsers check against
+    // `form-action`: the CSP names the verified redirect URI's origin (and nothing else).
+    if let Some(csp) = csp_allowing(&req.redirect_uri) {
+        page.headers_mut()
+            .insert(axum::http::header::CONTENT_SECURITY_POLICY, csp);
+    }
+    Ok(page)
+}
+
+/// The UI's CSP with `form-action` widened to the origin of `redirect_uri`.
+fn csp_allowing(redirect_uri: &str) -> Option<axum::http::HeaderValue> {
+    let u = url::Url::parse(redirect_uri).ok()?;
+    let source = match u.origin() {
+        o @ url::Origin::Tuple(..) => o.ascii_serialization(),
+        // A private-use scheme (`com.example.app:/cb`) is allowed by its scheme.
+        url::Origin::Opaque(_) => format!("{}:", u.scheme()),
+    };
+    // Only characters a CSP source may hold: nothing can end the directive early.
+    if !source
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || ":/.-+[]".contains(c))
+    {
+        return None;
+    }
+    let csp = super::CONTENT_SECURITY_POLICY
+        .replace("form-action 'self'", &format!("form-action 'self' {source}"));
+    axum::http::HeaderValue::from_str(&csp).ok()
 }
 
 pub async fn submit(
