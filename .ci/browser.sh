@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The admin UI in a real browser: installs what the browser test needs (Debian's chromium and
-# chromium-driver when missing, playwright-core from the lockfile; no browser download), builds
-# toolgate, and runs tests/browser/admin-ui.test.mjs with node's test runner. Exits non-zero on
+# The admin UI in a real browser: installs what the browser tests need (Debian's chromium and
+# chromium-driver when missing, playwright-core and the MCP TypeScript SDK from the lockfile; no
+# browser download), builds toolgate, and runs every tests/browser/*.test.mjs with node's test
+# runner (admin-ui: the admin pages; oauth-host: a host signing a person in via the SDK). Exits non-zero on
 # any failure. Screenshots land in $SCREENSHOT_DIR (default target/browser-screenshots).
 #
 # Needs: Postgres on 127.0.0.1:5432 with trust auth (PG_BASE to change), Node 20 or newer, npm.
@@ -36,5 +37,7 @@ export TOOLGATE_BIN=$root/target/debug/toolgate
 export SCREENSHOT_DIR=${SCREENSHOT_DIR:-$root/target/browser-screenshots}
 export PG_BASE=${PG_BASE:-postgres://${PGUSER:-root}@127.0.0.1:5432}
 cd tests/browser
-node --test admin-ui.test.mjs
+# One file at a time: each starts its own server and browser, and two at once would only
+# compete for the same two cores.
+node --test --test-concurrency=1 ./*.test.mjs
 echo "screenshots in $SCREENSHOT_DIR"
