@@ -740,11 +740,7 @@ pub async fn put_public_client(
     Ok(())
 }
 
-pub async fn delete_public_client(
-    pool: &sqlx::PgPool,
-    actor: &str,
-    client_id: &str,
-) -> Result<()> {
+pub async fn delete_public_client(pool: &sqlx::PgPool, actor: &str, client_id: &str) -> Result<()> {
     let mut tx = pool.begin().await?;
     if !db::authorizations::delete_public_client(&mut tx, actor, client_id).await? {
         return Err(ServiceError::NotFound(format!(

@@ -113,7 +113,14 @@ pub async fn remove_agent_user(
     .fetch_all(&mut *conn)
     .await?;
     for id in ids {
-        revoke(conn, actor, id, None, "the person may no longer act as the agent").await?;
+        revoke(
+            conn,
+            actor,
+            id,
+            None,
+            "the person may no longer act as the agent",
+        )
+        .await?;
     }
     Ok(true)
 }
@@ -359,8 +366,10 @@ pub async fn create(
         "authorization.create",
         &format!("authorization:{}", n.id),
         None,
-        Some(json!({"client_id": n.client_id, "client_name": n.client_name, "agent": n.agent,
-            "username": n.username, "scope": n.scope})),
+        Some(
+            json!({"client_id": n.client_id, "client_name": n.client_name, "agent": n.agent,
+            "username": n.username, "scope": n.scope}),
+        ),
     )
     .await?;
     Ok(true)
@@ -390,10 +399,7 @@ pub enum Taken<T> {
 }
 
 /// Marks a code used, once: concurrent exchanges of one code see one winner.
-pub async fn take_code(
-    conn: &mut PgConnection,
-    code_hash: &str,
-) -> sqlx::Result<Taken<TakenCode>> {
+pub async fn take_code(conn: &mut PgConnection, code_hash: &str) -> sqlx::Result<Taken<TakenCode>> {
     let row = sqlx::query(
         "UPDATE oauth_codes c SET used_at = now()
          FROM oauth_authorizations z JOIN agents a ON a.id = z.agent_id

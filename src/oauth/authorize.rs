@@ -80,7 +80,10 @@ impl AuthorizeError {
                 description,
                 state,
             } => {
-                let mut pairs = vec![("error", error.to_owned()), ("error_description", description)];
+                let mut pairs = vec![
+                    ("error", error.to_owned()),
+                    ("error_description", description),
+                ];
                 if let Some(s) = state {
                     pairs.push(("state", s));
                 }
@@ -160,7 +163,11 @@ pub fn redirect_matches(registered: &str, presented: &str) -> bool {
 /// Finds the client: a metadata document for a URL, a registered public client otherwise.
 async fn find_client(state: &AppState, client_id: &str) -> Result<Client, String> {
     if cimd::is_url_client_id(client_id) {
-        let m = state.cimd.get(client_id).await.map_err(|e: CimdError| e.to_string())?;
+        let m = state
+            .cimd
+            .get(client_id)
+            .await
+            .map_err(|e: CimdError| e.to_string())?;
         let host = url::Url::parse(client_id)
             .ok()
             .and_then(|u| u.host_str().map(str::to_owned));
@@ -501,7 +508,9 @@ async fn revoke_replayed(state: &AppState, id: Uuid, what: &str) {
                 tracing::warn!(error = %e, "refreshing the policy snapshot failed; NOTIFY will catch up");
             }
         }
-        Err(e) => tracing::error!(error = %e, authorization = %id, "revoking a replayed authorization failed"),
+        Err(e) => {
+            tracing::error!(error = %e, authorization = %id, "revoking a replayed authorization failed")
+        }
     }
 }
 
@@ -536,7 +545,9 @@ pub async fn exchange(
             }
             Taken::Ok(_) => {
                 tx.commit().await.map_err(|_| unavailable())?;
-                return Err(invalid_grant("the refresh token was issued to another client"));
+                return Err(invalid_grant(
+                    "the refresh token was issued to another client",
+                ));
             }
             Taken::Invalid => return Err(invalid_grant("the refresh token is not valid")),
             Taken::Replayed(id) => {
@@ -601,7 +612,9 @@ pub async fn exchange(
             return Err(invalid_grant("the code was issued for another resource"));
         }
         if Sha256::digest(challenge.as_bytes()) != Sha256::digest(c.code_challenge.as_bytes()) {
-            return Err(invalid_grant("code_verifier does not match the code_challenge"));
+            return Err(invalid_grant(
+                "code_verifier does not match the code_challenge",
+            ));
         }
         (c.authorization_id, c.agent, c.username, c.scope)
     };

@@ -295,7 +295,9 @@ fn cache_ttl(cache_control: Option<&str>) -> Duration {
 pub fn parse_document(client_id: &str, body: &[u8]) -> Result<ClientMetadata, CimdError> {
     let bad = |m: &str| CimdError::Invalid(m.to_owned());
     let v: Value = serde_json::from_slice(body).map_err(|_| bad("it is not JSON"))?;
-    let o = v.as_object().ok_or_else(|| bad("it is not a JSON object"))?;
+    let o = v
+        .as_object()
+        .ok_or_else(|| bad("it is not a JSON object"))?;
     if o.get("client_id").and_then(Value::as_str) != Some(client_id) {
         return Err(bad("its client_id is not the URL it was fetched from"));
     }

@@ -575,7 +575,9 @@ async fn issue_token(
     // Interactive hosts are public clients: PKCE and the code (or refresh token) are their
     // proof, there is no client secret to check.
     match form.get("grant_type").map(String::as_str) {
-        Some("authorization_code") => return authorize::exchange(state, headers, form, false).await,
+        Some("authorization_code") => {
+            return authorize::exchange(state, headers, form, false).await;
+        }
         Some("refresh_token") => return authorize::exchange(state, headers, form, true).await,
         _ => {}
     }
@@ -586,7 +588,9 @@ async fn issue_token(
             return Err(OAuthError::new(
                 StatusCode::BAD_REQUEST,
                 "unsupported_grant_type",
-                format!("grant_type `{other}` is not supported; use client_credentials, authorization_code or refresh_token"),
+                format!(
+                    "grant_type `{other}` is not supported; use client_credentials, authorization_code or refresh_token"
+                ),
             ));
         }
         None => {

@@ -8,9 +8,9 @@
 use std::collections::HashMap;
 
 use askama::Template;
+use axum::Form;
 use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
-use axum::Form;
 
 use super::error::WebError;
 use super::session::Admin;
@@ -116,8 +116,10 @@ fn csp_allowing(redirect_uri: &str) -> Option<axum::http::HeaderValue> {
     {
         return None;
     }
-    let csp = super::CONTENT_SECURITY_POLICY
-        .replace("form-action 'self'", &format!("form-action 'self' {source}"));
+    let csp = super::CONTENT_SECURITY_POLICY.replace(
+        "form-action 'self'",
+        &format!("form-action 'self' {source}"),
+    );
     axum::http::HeaderValue::from_str(&csp).ok()
 }
 

@@ -52,9 +52,7 @@ async fn document_server() -> SocketAddr {
     };
     let big = || async {
         let chunk = bytes::Bytes::from(vec![b' '; 16 * 1024]);
-        let s = futures::stream::iter(
-            (0..8).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
-        );
+        let s = futures::stream::iter((0..8).map(move |_| Ok::<_, std::io::Error>(chunk.clone())));
         Body::from_stream(s).into_response()
     };
     let stalls = || async {
@@ -243,7 +241,11 @@ async fn a_person_signs_a_host_in_as_their_agent_and_refresh_rotates(pool: PgPoo
 
     let page = consent_page(&mut b, &authorize_url(&h.client_id(), REDIRECT, &[])).await;
     // The client's own name, escaped; the agents alice may act as, and no other.
-    assert!(page.text.contains("Desk &#60;b&#62;Host&#60;/b&#62;"), "{}", page.text);
+    assert!(
+        page.text.contains("Desk &#60;b&#62;Host&#60;/b&#62;"),
+        "{}",
+        page.text
+    );
     assert!(!page.text.contains("<b>Host</b>"));
     assert!(page.text.contains("value=\"assistant\""));
     assert!(!page.text.contains("value=\"meteo\""));
@@ -270,7 +272,8 @@ async fn a_person_signs_a_host_in_as_their_agent_and_refresh_rotates(pool: PgPoo
 
     // Every audit row made with the token names the person, the agent and the host.
     h.app.state.audit.flush().await.unwrap();
-    let rows: Vec<(String, Option<String>, Option<String>, Option<String>)> = sqlx::query_as(
+    type Row = (String, Option<String>, Option<String>, Option<String>);
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT event_type, person, agent, client_id FROM audit_events
          WHERE event_type IN ('tools/list', 'token.issued') AND outcome = 'success' AND jti = $1",
     )
@@ -321,9 +324,14 @@ async fn pkce_is_required_s256_only_and_checked(pool: PgPool) {
             vec![("code_challenge_method", "plain")],
             "code_challenge_method must be S256",
         ),
-        (vec![("code_challenge_method", "")], "code_challenge_method must be S256"),
+        (
+            vec![("code_challenge_method", "")],
+            "code_challenge_method must be S256",
+        ),
     ] {
-        let r = b.get(&authorize_url(&h.client_id(), REDIRECT, &extra)).await;
+        let r = b
+            .get(&authorize_url(&h.client_id(), REDIRECT, &extra))
+            .await;
         assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
         let q = query_of(&location(&r));
         assert_eq!(q["error"], "invalid_request", "{q:?}");
@@ -375,9 +383,18 @@ async fn redirect_uris_match_exactly_but_for_the_loopback_port(pool: PgPool) {
         let r = b.get(&authorize_url(&h.client_id(), bad, &[])).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}: {}", r.text);
         assert!(r.headers.get(header::LOCATION).is_none(), "{bad}");
-        assert!(r.text.contains("not one this client registered"), "{}", r.text);
+        assert!(
+            r.text.contains("not one this client registered"),
+            "{}",
+            r.text
+        );
         // Nor from the consent form, posted by hand.
-        let page = b.get(&authorize_url(&h.client_id(), bad, &[]).replace("/oauth/authorize", "/admin/consent")).await;
+        let page = b
+            .get(
+                &authorize_url(&h.client_id(), bad, &[])
+                    .replace("/oauth/authorize", "/admin/consent"),
+            )
+            .await;
         assert_eq!(page.status, StatusCode::BAD_REQUEST, "{bad}");
         assert!(page.headers.get(header::LOCATION).is_none());
     }
@@ -407,11 +424,15 @@ async fn a_replayed_code_fails_and_revokes_what_it_issued(pool: PgPool) {
     let r = h.app.mcp(Some(&access), "tools/list", json!({})).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text);
     let refresh_token = first.body["refresh_token"].as_str().unwrap();
-    assert_eq!(refresh(&h, refresh_token).await.body["error"], "invalid_grant");
-    let revoked: Option<String> = sqlx::query_scalar("SELECT revoked_reason FROM oauth_authorizations")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    assert_eq!(
+        refresh(&h, refresh_token).await.body["error"],
+        "invalid_grant"
+    );
+    let revoked: Option<String> =
+        sqlx::query_scalar("SELECT revoked_reason FROM oauth_authorizations")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(revoked.as_deref(), Some("authorization code replayed"));
     // Only hashes are stored.
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM oauth_codes WHERE code_hash = $1")
@@ -472,12 +493,20 @@ async fn consent_needs_the_session_csrf_token_and_an_agent_the_person_may_act_as
     let csrf = csrf_of(&stranger.get("/admin").await.text);
     let r = stranger.post("/admin/logout", &[("csrf", &csrf)]).await;
     assert_eq!(r.status, StatusCode::SEE_OTHER);
-    let r = stranger.get(&authorize_url(&h.client_id(), REDIRECT, &[])).await;
+    let r = stranger
+        .get(&authorize_url(&h.client_id(), REDIRECT, &[]))
+        .await;
     let r = stranger.get(&location(&r)).await;
     let login = location(&r);
-    assert!(login.starts_with("/admin/login?next=%2Fadmin%2Fconsent%3F"), "{login}");
+    assert!(
+        login.starts_with("/admin/login?next=%2Fadmin%2Fconsent%3F"),
+        "{login}"
+    );
     // Declining tells the host so.
-    let mut form: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut form: Vec<(&str, &str)> = fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     form.push(("decision", "deny"));
     let r = b.post("/admin/consent", &form).await;
     assert_eq!(query_of(&location(&r))["error"], "access_denied");
@@ -490,13 +519,31 @@ async fn metadata_documents_on_inside_addresses_are_refused_without_the_flag(poo
     let mut b = Browser::signed_in(&app, "alice", "viewer").await;
     let port = docs.port();
     for (client_id, says) in [
-        (format!("https://127.0.0.1:{port}/client.json"), "will not connect"),
-        (format!("https://localhost:{port}/client.json"), "will not connect"),
-        (format!("https://[::1]:{port}/client.json"), "will not connect"),
-        (format!("https://169.254.169.254/latest/meta-data"), "will not connect"),
-        (format!("https://10.0.0.1/client.json"), "will not connect"),
+        (
+            format!("https://127.0.0.1:{port}/client.json"),
+            "will not connect",
+        ),
+        (
+            format!("https://localhost:{port}/client.json"),
+            "will not connect",
+        ),
+        (
+            format!("https://[::1]:{port}/client.json"),
+            "will not connect",
+        ),
+        (
+            "https://169.254.169.254/latest/meta-data".to_owned(),
+            "will not connect",
+        ),
+        (
+            "https://10.0.0.1/client.json".to_owned(),
+            "will not connect",
+        ),
         (format!("http://127.0.0.1:{port}/client.json"), "https"),
-        (format!("https://user:pw@example.com/client.json"), "credentials"),
+        (
+            "https://user:pw@example.com/client.json".to_owned(),
+            "credentials",
+        ),
     ] {
         let r = b.get(&authorize_url(&client_id, REDIRECT, &[])).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{client_id}: {}", r.text);
@@ -521,7 +568,11 @@ async fn oversized_and_stalling_metadata_documents_are_refused(pool: PgPool) {
     assert!(started.elapsed() < std::time::Duration::from_secs(8));
     // A document naming another client id is not that client.
     let r = b
-        .get(&authorize_url(&format!("http://{}/client.json?x", h.docs), REDIRECT, &[]))
+        .get(&authorize_url(
+            &format!("http://{}/client.json?x", h.docs),
+            REDIRECT,
+            &[],
+        ))
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
 }
@@ -540,7 +591,10 @@ async fn revoking_an_authorization_ends_its_tokens_on_the_next_request(pool: PgP
     let page = bob.get("/admin/authorizations").await;
     assert_eq!(page.status, StatusCode::OK);
     assert!(page.text.contains("authz-empty"), "{}", page.text);
-    let id = claims(&access)["authorization_id"].as_str().unwrap().to_owned();
+    let id = claims(&access)["authorization_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let r = bob
         .submit("/admin", &format!("/admin/authorizations/{id}/revoke"), &[])
         .await;
@@ -548,15 +602,25 @@ async fn revoking_an_authorization_ends_its_tokens_on_the_next_request(pool: PgP
     assert_eq!(h.app.tool_names(&access).await.len(), 2);
 
     let page = alice.get("/admin/authorizations").await;
-    assert!(page.text.contains("Desk &#60;b&#62;Host&#60;/b&#62;"), "{}", page.text);
+    assert!(
+        page.text.contains("Desk &#60;b&#62;Host&#60;/b&#62;"),
+        "{}",
+        page.text
+    );
     let r = alice
-        .submit("/admin/authorizations", &format!("/admin/authorizations/{id}/revoke"), &[])
+        .submit(
+            "/admin/authorizations",
+            &format!("/admin/authorizations/{id}/revoke"),
+            &[],
+        )
         .await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
     let r = h.app.mcp(Some(&access), "tools/list", json!({})).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
     assert_eq!(
-        refresh(&h, t.body["refresh_token"].as_str().unwrap()).await.body["error"],
+        refresh(&h, t.body["refresh_token"].as_str().unwrap())
+            .await
+            .body["error"],
         "invalid_grant"
     );
 
@@ -564,19 +628,48 @@ async fn revoking_an_authorization_ends_its_tokens_on_the_next_request(pool: PgP
     let code = code_for(&h, &mut alice, REDIRECT).await;
     let t = exchange(&h, &code, VERIFIER, REDIRECT).await;
     let access = t.body["access_token"].as_str().unwrap().to_owned();
-    let id = claims(&access)["authorization_id"].as_str().unwrap().to_owned();
-    let list = h.app.admin("GET", "/api/v1/authorizations?username=alice", None).await;
-    assert_eq!(list.body["authorizations"].as_array().unwrap().len(), 2, "{}", list.text);
-    let r = h.app.admin("DELETE", &format!("/api/v1/authorizations/{id}"), None).await;
+    let id = claims(&access)["authorization_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let list = h
+        .app
+        .admin("GET", "/api/v1/authorizations?username=alice", None)
+        .await;
+    assert_eq!(
+        list.body["authorizations"].as_array().unwrap().len(),
+        2,
+        "{}",
+        list.text
+    );
+    let r = h
+        .app
+        .admin("DELETE", &format!("/api/v1/authorizations/{id}"), None)
+        .await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
-    assert_eq!(h.app.mcp(Some(&access), "tools/list", json!({})).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        h.app
+            .mcp(Some(&access), "tools/list", json!({}))
+            .await
+            .status,
+        StatusCode::UNAUTHORIZED
+    );
 
     let code = code_for(&h, &mut alice, REDIRECT).await;
     let t = exchange(&h, &code, VERIFIER, REDIRECT).await;
     let access = t.body["access_token"].as_str().unwrap().to_owned();
-    let r = h.app.admin("DELETE", "/api/v1/agents/assistant/users/alice", None).await;
+    let r = h
+        .app
+        .admin("DELETE", "/api/v1/agents/assistant/users/alice", None)
+        .await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
-    assert_eq!(h.app.mcp(Some(&access), "tools/list", json!({})).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        h.app
+            .mcp(Some(&access), "tools/list", json!({}))
+            .await
+            .status,
+        StatusCode::UNAUTHORIZED
+    );
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
@@ -625,13 +718,19 @@ async fn a_client_an_admin_registered_signs_in_too(pool: PgPool) {
     assert_eq!(t.status, StatusCode::OK, "{}", t.text);
     let access = t.body["access_token"].as_str().unwrap();
     assert_eq!(claims(access)["client_id"], "inspector");
-    assert_eq!(h.app.tool_names(access).await, ["search__get", "search__query"]);
+    assert_eq!(
+        h.app.tool_names(access).await,
+        ["search__get", "search__query"]
+    );
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn metadata_advertises_exactly_what_is_supported(pool: PgPool) {
     let app = TestApp::new(pool).await;
-    let m = app.get("/.well-known/oauth-authorization-server", None).await.body;
+    let m = app
+        .get("/.well-known/oauth-authorization-server", None)
+        .await
+        .body;
     assert_eq!(m["code_challenge_methods_supported"], json!(["S256"]));
     assert_eq!(m["client_id_metadata_document_supported"], json!(true));
     assert_eq!(m["response_types_supported"], json!(["code"]));
@@ -639,10 +738,12 @@ async fn metadata_advertises_exactly_what_is_supported(pool: PgPool) {
         m["grant_types_supported"],
         json!(["client_credentials", "authorization_code", "refresh_token"])
     );
-    assert!(m["token_endpoint_auth_methods_supported"]
-        .as_array()
-        .unwrap()
-        .contains(&json!("none")));
+    assert!(
+        m["token_endpoint_auth_methods_supported"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("none"))
+    );
     assert!(m.get("registration_endpoint").is_none());
 }
 
@@ -650,7 +751,9 @@ async fn metadata_advertises_exactly_what_is_supported(pool: PgPool) {
 async fn agent_users_round_trip_through_policy_files(pool: PgPool) {
     let h = setup(pool.clone()).await;
     let dir = tempfile::tempdir().unwrap();
-    toolgate::policy::files::export(&pool, dir.path()).await.unwrap();
+    toolgate::policy::files::export(&pool, dir.path())
+        .await
+        .unwrap();
     let file = dir.path().join("agents/assistant/agent.md");
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(text.contains("users:\n- alice\n"), "{text}");
@@ -661,7 +764,11 @@ async fn agent_users_round_trip_through_policy_files(pool: PgPool) {
             .unwrap();
     assert!(report.changes.is_empty(), "{:?}", report.changes);
 
-    std::fs::write(&file, text.replace("users:\n- alice\n", "users: [bob, carol]\n")).unwrap();
+    std::fs::write(
+        &file,
+        text.replace("users:\n- alice\n", "users: [bob, carol]\n"),
+    )
+    .unwrap();
     let report =
         toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", false, false)
             .await
@@ -669,10 +776,17 @@ async fn agent_users_round_trip_through_policy_files(pool: PgPool) {
     assert_eq!(report.changes.len(), 1, "{:?}", report.changes);
     h.app.state.reload_policy().await.unwrap();
     let snapshot = h.app.state.policy.load();
-    assert_eq!(snapshot.agent("assistant").unwrap().record.users, ["bob", "carol"]);
+    assert_eq!(
+        snapshot.agent("assistant").unwrap().record.users,
+        ["bob", "carol"]
+    );
     assert!(!snapshot.may_act_as("alice", "assistant"));
 
-    std::fs::write(&file, text.replace("users:\n- alice\n", "users: [\"no spaces\"]\n")).unwrap();
+    std::fs::write(
+        &file,
+        text.replace("users:\n- alice\n", "users: [\"no spaces\"]\n"),
+    )
+    .unwrap();
     let err = toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", false, false)
         .await
         .unwrap_err();
@@ -686,22 +800,38 @@ async fn admins_edit_who_may_act_as_an_agent_on_its_page(pool: PgPool) {
     let page = admin.get("/admin/agents/assistant").await;
     assert!(page.text.contains("<code>alice</code>"), "{}", page.text);
     let r = admin
-        .submit("/admin/agents/meteo", "/admin/agents/meteo/users", &[("username", "alice")])
+        .submit(
+            "/admin/agents/meteo",
+            "/admin/agents/meteo/users",
+            &[("username", "alice")],
+        )
         .await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
     assert!(h.app.state.policy.load().may_act_as("alice", "meteo"));
     let r = admin
-        .submit("/admin/agents/meteo", "/admin/agents/meteo/users", &[("username", "<script>")])
+        .submit(
+            "/admin/agents/meteo",
+            "/admin/agents/meteo/users",
+            &[("username", "<script>")],
+        )
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
     // A viewer may consent for themself, not change who may act as whom.
     let mut alice = Browser::signed_in(&h.app, "alice", "viewer").await;
     let r = alice
-        .submit("/admin", "/admin/agents/meteo/users/remove", &[("username", "alice")])
+        .submit(
+            "/admin",
+            "/admin/agents/meteo/users/remove",
+            &[("username", "alice")],
+        )
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text);
     let r = admin
-        .submit("/admin/agents/meteo", "/admin/agents/meteo/users/remove", &[("username", "alice")])
+        .submit(
+            "/admin/agents/meteo",
+            "/admin/agents/meteo/users/remove",
+            &[("username", "alice")],
+        )
         .await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
     assert!(!h.app.state.policy.load().may_act_as("alice", "meteo"));
@@ -734,7 +864,11 @@ async fn public_clients_are_registered_from_the_command_line(pool: PgPool) {
         "http://127.0.0.1/",
     ])
     .await;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = run(vec![
         "register-public",
         "--client-id",
@@ -748,11 +882,25 @@ async fn public_clients_are_registered_from_the_command_line(pool: PgPool) {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not loopback"));
     let list = h.app.admin("GET", "/api/v1/public-clients", None).await;
-    assert_eq!(list.body["public_clients"][0]["client_id"], "vscode", "{}", list.text);
+    assert_eq!(
+        list.body["public_clients"][0]["client_id"], "vscode",
+        "{}",
+        list.text
+    );
     let mut b = Browser::signed_in(&h.app, "alice", "viewer").await;
-    consent_page(&mut b, &authorize_url("vscode", "http://127.0.0.1:33333/", &[])).await;
+    consent_page(
+        &mut b,
+        &authorize_url("vscode", "http://127.0.0.1:33333/", &[]),
+    )
+    .await;
     let out = run(vec!["delete-public", "vscode"]).await;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let r = b.get(&authorize_url("vscode", "http://127.0.0.1:33333/", &[])).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = b
+        .get(&authorize_url("vscode", "http://127.0.0.1:33333/", &[]))
+        .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
 }
