@@ -550,6 +550,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             loop {
                 tick.tick().await;
                 let _ = db::policy::prune_revocations(&state.db).await;
+                let _ = db::authorizations::prune_codes(&state.db).await;
                 state.limits.shrink();
                 if let Err(e) =
                     crate::audit::apply_retention(&state.db, state.settings.audit_retention_days)

@@ -304,7 +304,25 @@ pub async fn validate(
 }
 
 /// `GET /oauth/authorize`: checks the request, then passes it on to the consent page.
-pub async fn authorize(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+pub async fn authorize(
+    State(state): State<AppState>,
+    origin: Option<axum::Extension<crate::audit::RequestOrigin>>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    // Anyone may ask, and a metadata-document client id makes this server fetch a URL: the
+    // token endpoint's per-address budget bounds how often one source can make it do so.
+    let ip = origin
+        .as_ref()
+        .and_then(|o| o.remote_addr.as_deref())
+        .and_then(|a| a.parse().ok());
+    if let Some(ip) = ip
+        && state.limits.check_token_ip(ip).is_err()
+    {
+        return error_page(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many sign-in requests from this address; wait a moment and try again.",
+        );
+    }
     let query = query.unwrap_or_default();
     if query.len() > MAX_QUERY {
         return error_page(StatusCode::BAD_REQUEST, "The request is too long.");

@@ -756,6 +756,7 @@ async fn introspect(
             "iss": c.iss, "sub": c.sub, "aud": c.aud, "client_id": c.client_id,
             "iat": c.iat, "exp": c.exp, "jti": c.jti, "scope": c.scope,
             "tool_prefixes": c.tool_prefixes,
+            "act": c.act, "authorization_id": c.authorization_id,
         }))
         .into_response(),
         Err(_) => inactive,
