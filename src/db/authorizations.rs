@@ -547,3 +547,19 @@ pub async fn prune_codes(pool: &PgPool) -> sqlx::Result<u64> {
             .rows_affected(),
     )
 }
+
+/// The authorization and client a refresh token (used or not) belongs to.
+pub async fn of_refresh_token(
+    pool: &PgPool,
+    token_hash: &str,
+) -> sqlx::Result<Option<(Uuid, String)>> {
+    Ok(sqlx::query(
+        "SELECT z.id, z.client_id FROM oauth_refresh_tokens t
+         JOIN oauth_authorizations z ON z.id = t.authorization_id
+         WHERE t.token_hash = $1",
+    )
+    .bind(token_hash)
+    .fetch_optional(pool)
+    .await?
+    .map(|r| (r.get(0), r.get(1))))
+}

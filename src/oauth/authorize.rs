@@ -690,6 +690,71 @@ pub async fn exchange(
     Ok((body, claims))
 }
 
+/// RFC 7009 for public clients: a host revoking its refresh token (or an access token issued
+/// under a consent) ends the whole authorization. The answer is 200 whatever was sent, so
+/// that nobody learns which tokens exist; `None` when this is not a public client's request.
+pub async fn revoke_public(
+    state: &AppState,
+    headers: &axum::http::HeaderMap,
+    form: &HashMap<String, String>,
+) -> Option<Response> {
+    let client_id = public_client_id(headers, form).ok()?;
+    // Confidential clients keep authenticating as before (a missing secret is theirs to fix).
+    let public = cimd::is_url_client_id(client_id)
+        || matches!(
+            db::authorizations::public_client_by_id(&state.db, client_id).await,
+            Ok(Some(_))
+        );
+    if !public {
+        return None;
+    }
+    let ok = || {
+        (
+            StatusCode::OK,
+            [(axum::http::header::CACHE_CONTROL, "no-store")],
+        )
+            .into_response()
+    };
+    let Some(token) = form.get("token") else {
+        return Some(invalid_request("token is required").into_response());
+    };
+    let from_refresh = db::authorizations::of_refresh_token(&state.db, &sha256_hex(token))
+        .await
+        .ok()
+        .flatten();
+    let id = match from_refresh {
+        Some((id, owner)) if owner == client_id => Some(id),
+        Some(_) => None,
+        None => super::decode_ours(state, token, false)
+            .filter(|c| c.client_id == client_id)
+            .and_then(|c| c.authorization_id)
+            .and_then(|id| Uuid::parse_str(&id).ok()),
+    };
+    if let Some(id) = id {
+        let done = async {
+            let mut tx = state.db.begin().await?;
+            db::authorizations::revoke(
+                &mut tx,
+                &format!("client:{client_id}"),
+                id,
+                None,
+                "revoked by the client",
+            )
+            .await?;
+            tx.commit().await
+        }
+        .await;
+        if let Err(e) = done {
+            tracing::error!(error = %e, "recording a revocation failed");
+            return Some(unavailable().into_response());
+        }
+        if let Err(e) = state.reload_policy().await {
+            tracing::warn!(error = %e, "refreshing the policy snapshot failed; NOTIFY will catch up");
+        }
+    }
+    Some(ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

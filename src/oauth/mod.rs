@@ -679,6 +679,14 @@ async fn revoke(
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
     let origin = origin.map(|o| o.0);
+    // A public client (an interactive host) has no credential but its tokens.
+    if !headers.contains_key(header::AUTHORIZATION)
+        && !form.contains_key("client_secret")
+        && !form.contains_key("client_assertion")
+        && let Some(r) = authorize::revoke_public(&state, &headers, &form).await
+    {
+        return r;
+    }
     let client = match authenticate_client(&state, &headers, &form, origin.as_ref()).await {
         Ok(c) => c,
         Err(e) => {
@@ -775,7 +783,7 @@ async fn as_metadata(State(state): State<AppState>) -> Json<Value> {
         // `none`: interactive hosts are public clients proving themselves with PKCE.
         "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"],
         "token_endpoint_auth_signing_alg_values_supported": ["EdDSA", "RS256", "ES256", "PS256"],
-        "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt"],
+        "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"],
         // No `scopes_supported`: listing every group would tell any stranger what the
         // catalog holds. Scopes are `tools:<group>` or `tools:<group>__<tool>`; an agent
         // learns its own tools from `tools/list`.

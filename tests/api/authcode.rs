@@ -904,3 +904,46 @@ async fn public_clients_are_registered_from_the_command_line(pool: PgPool) {
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_host_revokes_its_refresh_token_and_the_authorization_ends(pool: PgPool) {
+    let h = setup(pool).await;
+    let mut b = Browser::signed_in(&h.app, "alice", "viewer").await;
+    let code = code_for(&h, &mut b, REDIRECT).await;
+    let t = exchange(&h, &code, VERIFIER, REDIRECT).await;
+    let access = t.body["access_token"].as_str().unwrap().to_owned();
+    let refresh_token = t.body["refresh_token"].as_str().unwrap().to_owned();
+    let client_id = h.client_id();
+    let revoke = |token: String| {
+        let client_id = client_id.clone();
+        let app = &h.app;
+        async move {
+            let body = url::form_urlencoded::Serializer::new(String::new())
+                .extend_pairs([("client_id", client_id.as_str()), ("token", token.as_str())])
+                .finish();
+            app.send(
+                http::Request::post("/oauth/revoke")
+                    .header("content-type", "application/x-www-form-urlencoded")
+                    .body(Body::from(body))
+                    .unwrap(),
+            )
+            .await
+        }
+    };
+    // Someone else's or a made-up token: 200, and nothing happens.
+    assert_eq!(revoke("nonsense".into()).await.status, StatusCode::OK);
+    assert_eq!(h.app.tool_names(&access).await.len(), 2);
+    let r = revoke(refresh_token.clone()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(
+        h.app
+            .mcp(Some(&access), "tools/list", json!({}))
+            .await
+            .status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        refresh(&h, &refresh_token).await.body["error"],
+        "invalid_grant"
+    );
+}
