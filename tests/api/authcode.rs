@@ -947,3 +947,36 @@ async fn a_host_revokes_its_refresh_token_and_the_authorization_ends(pool: PgPoo
         "invalid_grant"
     );
 }
+
+/// What checking a host's token costs on every request, against a client-credentials token of
+/// the same agent, in one run: `tools/list` p50 and p99 over 2,000 requests each. A
+/// measurement, not a timed test:
+/// `cargo nextest run --test api --run-ignored only -E 'test(/authcode::measure/)' --no-capture`
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+#[ignore = "a measurement; run on demand"]
+async fn measure_host_token_check(pool: PgPool) {
+    let h = setup(pool).await;
+    let mut b = Browser::signed_in(&h.app, "alice", "viewer").await;
+    let code = code_for(&h, &mut b, REDIRECT).await;
+    let t = exchange(&h, &code, VERIFIER, REDIRECT).await;
+    let host = t.body["access_token"].as_str().unwrap().to_owned();
+    let machine = h.app.token_for("assistant").await;
+    let mut results = Vec::new();
+    for (name, token) in [("client credentials", &machine), ("host (act)", &host)] {
+        for _ in 0..200 {
+            h.app.mcp(Some(token), "tools/list", json!({})).await;
+        }
+        let mut us: Vec<f64> = Vec::with_capacity(2000);
+        for _ in 0..2000 {
+            let t0 = std::time::Instant::now();
+            let r = h.app.mcp(Some(token), "tools/list", json!({})).await;
+            us.push(t0.elapsed().as_secs_f64() * 1e6);
+            assert_eq!(r.status, StatusCode::OK);
+        }
+        us.sort_by(f64::total_cmp);
+        results.push((name, us[1000], us[1980]));
+    }
+    for (name, p50, p99) in &results {
+        println!("tools/list with a {name} token: p50 {p50:.0} µs, p99 {p99:.0} µs");
+    }
+}
