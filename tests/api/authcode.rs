@@ -981,3 +981,42 @@ async fn measure_host_token_check(pool: PgPool) {
         println!("tools/list with a {name} token: p50 {p50:.0} µs, p99 {p99:.0} µs");
     }
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn an_admin_sees_and_revokes_anyones_authorization_on_the_page(pool: PgPool) {
+    let h = setup(pool).await;
+    let mut alice = Browser::signed_in(&h.app, "alice", "viewer").await;
+    let code = code_for(&h, &mut alice, REDIRECT).await;
+    let t = exchange(&h, &code, VERIFIER, REDIRECT).await;
+    let access = t.body["access_token"].as_str().unwrap().to_owned();
+    let id = claims(&access)["authorization_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut admin = Browser::signed_in(&h.app, "ada", "admin").await;
+    let page = admin.get("/admin/authorizations").await;
+    assert!(
+        page.text.contains(&format!("data-id=\"{id}\"")),
+        "{}",
+        page.text
+    );
+    assert!(page.text.contains("<td>alice</td>"), "{}", page.text);
+    let r = admin
+        .submit(
+            "/admin/authorizations",
+            &format!("/admin/authorizations/{id}/revoke"),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    assert_eq!(
+        h.app
+            .mcp(Some(&access), "tools/list", json!({}))
+            .await
+            .status,
+        StatusCode::UNAUTHORIZED
+    );
+    let page = alice.get("/admin/authorizations").await;
+    assert!(page.text.contains("revoked"), "{}", page.text);
+    assert!(page.text.contains("admin:ada"), "{}", page.text);
+}
