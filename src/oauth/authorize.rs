@@ -679,6 +679,17 @@ pub async fn exchange(
         )
     })?;
     tx.commit().await.map_err(|_| unavailable())?;
+    // The consent may have been given on another instance a moment ago: this token is checked
+    // against this instance's snapshot, which must not wait for the NOTIFY to have it.
+    if state
+        .policy
+        .load()
+        .authorization(&authorization_id)
+        .is_none()
+        && let Err(e) = state.reload_policy().await
+    {
+        tracing::warn!(error = %e, "refreshing the policy snapshot failed; NOTIFY will catch up");
+    }
     tracing::info!(agent = %agent, client_id, person = %username, jti = %claims.jti, "access token issued to a host");
     let body = json!({
         "access_token": jwt,
