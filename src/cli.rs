@@ -216,6 +216,7 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
             tool,
             event_type,
             outcome,
+            person,
         } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             let filter = db::audit::AuditFilter {
@@ -225,6 +226,7 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
                 tool,
                 event_type,
                 outcome,
+                person,
             };
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let mut chunks = std::pin::pin!(export::stream(pool, format, filter));

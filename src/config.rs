@@ -404,6 +404,9 @@ pub enum AuditCommand {
         event_type: Option<String>,
         #[arg(long)]
         outcome: Option<String>,
+        /// Only events of tokens a host obtained for this person (its `act` claim).
+        #[arg(long)]
+        person: Option<String>,
     },
     /// Check the hash chains, in the database or in an exported JSONL file: every row
     /// unedited, every chain complete up to its recorded head, every gap explained by

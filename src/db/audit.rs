@@ -194,6 +194,9 @@ pub struct AuditFilter {
     pub tool: Option<String>,
     pub event_type: Option<String>,
     pub outcome: Option<String>,
+    /// The person a host acted for (`act`): "what did alice do, through any host, as any agent".
+    #[serde(default)]
+    pub person: Option<String>,
 }
 
 impl AuditFilter {
@@ -201,9 +204,15 @@ impl AuditFilter {
     pub fn is_filtered(&self) -> bool {
         self.since.is_some()
             || self.until.is_some()
-            || [&self.agent, &self.tool, &self.event_type, &self.outcome]
-                .iter()
-                .any(|v| v.as_ref().is_some_and(|v| !v.is_empty()))
+            || [
+                &self.agent,
+                &self.tool,
+                &self.event_type,
+                &self.outcome,
+                &self.person,
+            ]
+            .iter()
+            .any(|v| v.as_ref().is_some_and(|v| !v.is_empty()))
     }
 
     fn push(&self, qb: &mut QueryBuilder<'_, Postgres>) {
@@ -219,6 +228,7 @@ impl AuditFilter {
             ("tool", &self.tool),
             ("event_type", &self.event_type),
             ("outcome", &self.outcome),
+            ("person", &self.person),
         ] {
             if let Some(v) = v.as_ref().filter(|v| !v.is_empty()) {
                 qb.push(format!(" AND {col} = ")).push_bind(v.clone());

@@ -131,6 +131,7 @@ impl AuditQuery {
                 tool: text(&self.tool),
                 event_type: text(&self.event_type),
                 outcome: text(&self.outcome),
+                person: None,
             },
             errors,
         )

@@ -288,6 +288,19 @@ async fn a_person_signs_a_host_in_as_their_agent_and_refresh_rotates(pool: PgPoo
         assert_eq!(r.2.as_deref(), Some("assistant"), "{r:?}");
         assert_eq!(r.3.as_deref(), Some(h.client_id().as_str()), "{r:?}");
     }
+    // Compliance asks by person.
+    let by_person = h.app.admin("GET", "/api/v1/audit?person=alice", None).await;
+    let events = by_person.body["events"].as_array().unwrap();
+    assert!(
+        events.iter().any(|e| e["event_type"] == "tools/list"),
+        "{}",
+        by_person.text
+    );
+    assert!(
+        events.iter().all(|e| e["person"] == "alice"),
+        "{}",
+        by_person.text
+    );
     // The chain still verifies with the person in it.
     let (ok, out) = crate::audit::verify_db(&pool, &[]).await;
     assert!(ok, "{out}");
