@@ -73,7 +73,7 @@ echo "ready after ${ready} ms; RSS ${rss} MB (peak ${hwm} MB)"
 # A client created now: how long until its token is accepted.
 admin=(-H "Authorization: Bearer bench")
 created=$(ms)
-cred=$(curl -sf "${admin[@]}" -X POST "$base/api/v1/agents/agent00001/clients")
+cred=$(curl -sf "${admin[@]}" -X POST "$base/api/v1/agents/agent00000/clients")
 id=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])' <<<"$cred")
 secret=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["client_secret"])' <<<"$cred")
 token=$(curl -sf -u "$id:$secret" -d grant_type=client_credentials -d "resource=$base/mcp" "$base/oauth/token" |

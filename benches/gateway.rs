@@ -1,41 +1,118 @@
-//! Gateway benchmarks: what a tool call costs on top of its script, what `tools/list` costs,
-//! what auditing costs, and how many durable audit rows per second the writer commits.
+//! The side-by-side harness: every hot path of the gateway against a reference doing the same
+//! minimal work, in one run, printed as ratios (figures P1–P4 of `bench/README.md`; P6 is
+//! `bench/scale.sh`, and `bench/run.sh` runs both).
 //!
-//! Run: `cargo bench --bench gateway` (needs PostgreSQL; `DATABASE_URL` names the server,
-//! default `postgres://root@127.0.0.1:5432/postgres`; a scratch database is created and
-//! dropped). Figures go to stdout as a table.
+//! - P1 `tools/list` throughput, 32 connections, an agent seeing 20 tools of a large pool,
+//!   against a reference handler written here: parse the JSON-RPC body, verify the same EdDSA
+//!   JWT, answer the same bytes.
+//! - P2 a script tool's `tools/call` (`#!/bin/sh cat`) at one client, against a bare spawn of
+//!   the same script from async Rust (write stdin, read stdout, wait); the sandboxed spawn
+//!   alone is shown between the two.
+//! - P3 a proxied upstream `tools/call` against the same upstream called directly with the same
+//!   client (rmcp over Streamable HTTP, `@modelcontextprotocol/server-everything`).
+//! - P4 the P2 call with the audit log on against the same gateway with it off; and the
+//!   durable audit rows per second of the group-commit writer.
+//!
+//! Run: `cargo bench --bench gateway` (release; needs PostgreSQL, `DATABASE_URL` names the
+//! server, default `postgres://root@127.0.0.1:5432/postgres`; a scratch database is created
+//! and dropped). `cargo test --bench gateway` (or `-- --smoke`) runs the same steps with few
+//! samples and a small pool: it checks that the harness works, and its figures mean nothing.
+//! Options: `--pool-tools N` (default 10,000), `--seconds S` (P1 duration, default 5),
+//! `--samples N` (sequential samples of P2–P4, default 500).
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::IntoResponse;
 use clap::Parser;
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::PgPool;
+use tokio::io::AsyncWriteExt;
 
 use toolgate::app::{AppState, Settings};
 use toolgate::audit::AuditEvent;
 use toolgate::audit::writer::AuditLog;
 use toolgate::config::{Cli, Command};
 
-fn stats(mut samples: Vec<Duration>) -> (f64, f64, f64) {
+struct Options {
+    smoke: bool,
+    pool_tools: usize,
+    seconds: u64,
+    samples: usize,
+}
+
+impl Options {
+    fn parse() -> Self {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        // `cargo bench` passes `--bench`; `cargo test --bench` passes nothing: a smoke run.
+        let smoke = args.iter().any(|a| a == "--smoke") || !args.iter().any(|a| a == "--bench");
+        let mut o = if smoke {
+            Options {
+                smoke,
+                pool_tools: 200,
+                seconds: 1,
+                samples: 20,
+            }
+        } else {
+            Options {
+                smoke,
+                pool_tools: 10_000,
+                seconds: 5,
+                samples: 500,
+            }
+        };
+        let value = |name: &str| {
+            args.iter()
+                .position(|a| a == name)
+                .and_then(|i| args.get(i + 1))
+                .map(|v| {
+                    v.parse::<u64>()
+                        .unwrap_or_else(|_| panic!("{name} takes a number"))
+                })
+        };
+        if let Some(v) = value("--pool-tools") {
+            o.pool_tools = v as usize;
+        }
+        if let Some(v) = value("--seconds") {
+            o.seconds = v;
+        }
+        if let Some(v) = value("--samples") {
+            o.samples = v as usize;
+        }
+        o
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Stats {
+    p50: f64,
+    p99: f64,
+}
+
+fn stats(mut samples: Vec<Duration>) -> Stats {
+    assert!(!samples.is_empty(), "no samples");
     samples.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let mean = samples.iter().map(|d| ms(*d)).sum::<f64>() / samples.len() as f64;
-    (
-        ms(samples[samples.len() / 2]),
-        ms(samples[samples.len() * 99 / 100]),
-        mean,
-    )
+    Stats {
+        p50: ms(samples[samples.len() / 2]),
+        p99: ms(samples[(samples.len() * 99 / 100).min(samples.len() - 1)]),
+    }
 }
 
-fn row(name: &str, s: (f64, f64, f64)) {
-    println!(
-        "| {name:<52} | {:>8.3} | {:>8.3} | {:>8.3} |",
-        s.0, s.1, s.2
-    );
+/// One line of the summary: ours against its reference, and the goal of the ratio.
+struct Figure {
+    name: &'static str,
+    ours: String,
+    reference: String,
+    ratio: String,
+    goal: &'static str,
 }
 
-async fn app(url: &str, tools: &std::path::Path, audited: bool) -> (AppState, String) {
+async fn app(url: &str, tools: &Path, audited: bool) -> (AppState, String) {
     let args = [
         "toolgate",
         "serve",
@@ -73,7 +150,8 @@ async fn app(url: &str, tools: &std::path::Path, audited: bool) -> (AppState, St
     (state, format!("http://{addr}"))
 }
 
-async fn token(http: &reqwest::Client, base: &str, agent: &str) -> String {
+/// Creates `agent` with one grant (unless it exists) and returns a token of a new client.
+async fn token(http: &reqwest::Client, base: &str, agent: &str, grant: &str) -> String {
     let admin = |r: reqwest::RequestBuilder| r.bearer_auth("bench");
     let _ = admin(http.post(format!("{base}/api/v1/agents")))
         .json(&json!({"name": agent}))
@@ -81,18 +159,18 @@ async fn token(http: &reqwest::Client, base: &str, agent: &str) -> String {
         .await
         .unwrap();
     let _ = admin(http.post(format!("{base}/api/v1/agents/{agent}/grants")))
-        .json(&json!({"target": "bench"}))
+        .json(&json!({"target": grant}))
         .send()
         .await
         .unwrap();
-    let c: serde_json::Value = admin(http.post(format!("{base}/api/v1/agents/{agent}/clients")))
+    let c: Value = admin(http.post(format!("{base}/api/v1/agents/{agent}/clients")))
         .send()
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
-    let t: serde_json::Value = http
+    let t: Value = http
         .post(format!("{base}/oauth/token"))
         .basic_auth(
             c["client_id"].as_str().unwrap(),
@@ -108,53 +186,290 @@ async fn token(http: &reqwest::Client, base: &str, agent: &str) -> String {
     t["access_token"].as_str().unwrap().to_owned()
 }
 
+fn mcp_post(
+    http: &reqwest::Client,
+    url: &str,
+    tok: &str,
+    body: &'static str,
+) -> reqwest::RequestBuilder {
+    http.post(url)
+        .bearer_auth(tok)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT, "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(body)
+}
+
+/// `conns` clients sending `body` back to back for `secs`: requests per second and latency.
+async fn throughput(
+    http: &reqwest::Client,
+    url: &str,
+    tok: &str,
+    body: &'static str,
+    conns: usize,
+    secs: u64,
+) -> (f64, Stats) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let workers: Vec<_> = (0..conns)
+        .map(|_| {
+            let (http, url, tok) = (http.clone(), url.to_owned(), tok.to_owned());
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    let r = mcp_post(&http, &url, &tok, body).send().await.unwrap();
+                    assert_eq!(r.status(), StatusCode::OK);
+                    let b = r.bytes().await.unwrap();
+                    assert!(!b.is_empty());
+                    lat.push(t.elapsed());
+                }
+                lat
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let mut all = Vec::new();
+    for w in workers {
+        all.extend(w.await.unwrap());
+    }
+    let rate = all.len() as f64 / started.elapsed().as_secs_f64();
+    (rate, stats(all))
+}
+
+/// The physical limit of `tools/list`: what any gateway must do at least — parse the JSON-RPC
+/// body, verify the caller's EdDSA JWT — and then answer bytes computed in advance.
+struct Reference {
+    key: jsonwebtoken::DecodingKey,
+    validation: jsonwebtoken::Validation,
+    answer: Bytes,
+    content_type: header::HeaderValue,
+}
+
+async fn reference_handler(
+    axum::extract::State(r): axum::extract::State<Arc<Reference>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> axum::response::Response {
+    let Ok(request) = serde_json::from_slice::<Value>(&body) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    if request["method"] != "tools/list" {
+        return StatusCode::BAD_REQUEST.into_response();
+    }
+    let Some(tok) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    if jsonwebtoken::decode::<Value>(tok, &r.key, &r.validation).is_err() {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    (
+        [(header::CONTENT_TYPE, r.content_type.clone())],
+        r.answer.clone(),
+    )
+        .into_response()
+}
+
+async fn start_reference(
+    http: &reqwest::Client,
+    base: &str,
+    tok: &str,
+    list: &'static str,
+) -> String {
+    let jwks: Value = http
+        .get(format!("{base}/.well-known/jwks.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let x = jwks["keys"][0]["x"].as_str().unwrap();
+    let key = jsonwebtoken::DecodingKey::from_ed_components(x).unwrap();
+    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::EdDSA);
+    validation.validate_aud = false;
+    let r = mcp_post(http, &format!("{base}/mcp"), tok, list)
+        .send()
+        .await
+        .unwrap();
+    let content_type = r.headers()[header::CONTENT_TYPE].clone();
+    let answer = r.bytes().await.unwrap();
+    let reference = Arc::new(Reference {
+        key,
+        validation,
+        answer,
+        content_type,
+    });
+    let router = axum::Router::new()
+        .route("/mcp", axum::routing::post(reference_handler))
+        .with_state(reference);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    format!("http://{addr}/mcp")
+}
+
+/// Script groups `g00000`… of 20 tools each, `pool_tools` in all, plus the `bench` group whose
+/// `cat` operation is the script of P2.
+fn write_pool(tools: &Path, pool_tools: usize) {
+    let op = |id: &str, summary: &str| {
+        json!({"post": {
+            "operationId": id, "summary": summary,
+            "description": format!("{summary}: a generated tool of the benchmark pool."),
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {
+                "type": "object", "properties": {"n": {"type": "integer"}, "q": {"type": "string", "maxLength": 100}}}}}},
+            "responses": {"200": {"description": "ok"}}}})
+    };
+    for g in 0..pool_tools.div_ceil(20) {
+        let name = format!("g{g:05}");
+        let dir = tools.join(&name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut paths = serde_json::Map::new();
+        for o in 0..20.min(pool_tools - g * 20) {
+            let id = format!("op{o:02}");
+            paths.insert(
+                format!("/{id}"),
+                op(&id, &format!("Operation {o} of {name}")),
+            );
+            let script = dir.join(format!("{id}.sh"));
+            std::fs::write(&script, "#!/bin/sh\ncat\n").unwrap();
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        std::fs::write(
+            dir.join("openapi.json"),
+            json!({"openapi": "3.1.0", "info": {"title": name, "version": "1"}, "paths": paths})
+                .to_string(),
+        )
+        .unwrap();
+    }
+    let dir = tools.join("bench");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("openapi.json"),
+        json!({"openapi": "3.1.0", "info": {"title": "bench", "version": "1"},
+               "paths": {"/cat": op("cat", "Echo the arguments")}})
+        .to_string(),
+    )
+    .unwrap();
+    let script = dir.join("cat.sh");
+    std::fs::write(&script, "#!/bin/sh\ncat\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+const LIST: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#;
+const CALL: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"bench__cat","arguments":{"n":1}}}"#;
+
+/// Sequential `tools/call`s of the `cat` script at one client.
+async fn calls(http: &reqwest::Client, base: &str, tok: &str, n: usize) -> Stats {
+    let url = format!("{base}/mcp");
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let t = Instant::now();
+        let r = mcp_post(http, &url, tok, CALL).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let b = r.bytes().await.unwrap();
+        let text = String::from_utf8_lossy(&b);
+        assert!(
+            text.contains("\"result\"") && !text.contains("\"isError\":true"),
+            "the call failed: {text}"
+        );
+        // The first tenth warms connections and caches.
+        if i >= n / 10 {
+            v.push(t.elapsed());
+        }
+    }
+    stats(v)
+}
+
+/// The same script spawned from async Rust with nothing else: the floor of P2.
+async fn bare_spawns(script: &Path, n: usize) -> Stats {
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let t = Instant::now();
+        let mut child = tokio::process::Command::new(script)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(br#"{"n":1}"#).await.unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().await.unwrap();
+        assert!(out.status.success() && out.stdout == br#"{"n":1}"#);
+        if i >= n / 10 {
+            v.push(t.elapsed());
+        }
+    }
+    stats(v)
+}
+
+fn ratio(ours: f64, reference: f64) -> String {
+    format!("{:.2}×", ours / reference)
+}
+
 #[tokio::main]
 async fn main() {
+    let o = Options::parse();
     let server = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".into());
     let base_url = server.rsplit_once('/').map(|(b, _)| b.to_owned()).unwrap();
     let db = format!("toolgate_bench_{}", std::process::id());
     let url = format!("{base_url}/{db}");
     let tools = tempfile_dir();
-    std::fs::create_dir_all(tools.join("bench")).unwrap();
-    std::fs::write(
-        tools.join("bench/openapi.json"),
-        json!({"openapi": "3.1.0", "info": {"title": "bench", "version": "1"}, "paths": {"/echo": {"post": {
-            "operationId": "echo", "summary": "Echo",
-            "requestBody": {"content": {"application/json": {"schema": {"type": "object", "properties": {"n": {"type": "integer"}}}}}},
-            "responses": {"200": {"description": "ok"}}}}}})
-        .to_string(),
-    )
-    .unwrap();
-    let script = tools.join("bench/echo.sh");
-    std::fs::write(&script, "#!/bin/sh\necho '{\"ok\": true}'\n").unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_pool(&tools, o.pool_tools);
     let http = reqwest::Client::new();
-    let n = 300;
-
-    println!("toolgate gateway benchmark ({n} sequential samples per row; ms)\n");
+    let mut figures = Vec::new();
     println!(
-        "| {:<52} | {:>8} | {:>8} | {:>8} |",
-        "measurement", "p50", "p99", "mean"
-    );
-    println!(
-        "|{}|{}|{}|{}|",
-        "-".repeat(54),
-        "-".repeat(10),
-        "-".repeat(10),
-        "-".repeat(10)
+        "toolgate side-by-side harness{}: a pool of {} tools, P1 for {} s at 32 connections, {} samples for P2–P4\n",
+        if o.smoke {
+            " (SMOKE: few samples, figures mean nothing)"
+        } else {
+            ""
+        },
+        o.pool_tools + 1,
+        o.seconds,
+        o.samples
     );
 
-    // 1. The script alone, spawned by the runner.
     let (state, base) = app(&url, &tools, true).await;
-    let tok = token(&http, &base, "bench").await;
+    let (_plain, base_off) = app(&url, &tools, false).await;
+
+    // P1: the agent `lister` sees one group of 20 tools of the pool.
+    let list_tok = token(&http, &base, "lister", "g00000").await;
+    let reference = start_reference(&http, &base, &list_tok, LIST).await;
+    let ours_url = format!("{base}/mcp");
+    let _ = throughput(&http, &ours_url, &list_tok, LIST, 32, 1).await;
+    let _ = throughput(&http, &reference, &list_tok, LIST, 32, 1).await;
+    let (ours, ours_lat) = throughput(&http, &ours_url, &list_tok, LIST, 32, o.seconds).await;
+    let (refr, ref_lat) = throughput(&http, &reference, &list_tok, LIST, 32, o.seconds).await;
+    figures.push(Figure {
+        name: "P1 tools/list, 20 of the pool, 32 connections (req/s)",
+        ours: format!(
+            "{ours:.0} (p50 {:.2} p99 {:.2} ms)",
+            ours_lat.p50, ours_lat.p99
+        ),
+        reference: format!(
+            "{refr:.0} (p50 {:.2} p99 {:.2} ms)",
+            ref_lat.p50, ref_lat.p99
+        ),
+        ratio: ratio(ours, refr),
+        goal: "≥ 0.7×",
+    });
+
+    // P2: a script tool's call against a bare spawn; the sandboxed spawn alone in between.
+    let call_tok = token(&http, &base, "caller", "bench").await;
+    let call_tok_off = token(&http, &base_off, "caller", "bench").await;
+    let script = tools.join("bench/cat.sh");
+    let bare = bare_spawns(&script, o.samples).await;
     let catalog = state.policy.catalog();
-    let tool = catalog.get("bench__echo").unwrap().clone();
-    let toolgate::pool::Execution::Script(spec) = &tool.exec else {
-        unreachable!("bench__echo is a script")
+    let toolgate::pool::Execution::Script(spec) = &catalog.get("bench__cat").unwrap().exec else {
+        unreachable!("bench__cat is a script")
     };
-    let mut spawn = Vec::new();
-    for i in 0..n {
+    let mut sandboxed = Vec::new();
+    for i in 0..o.samples {
         let t = Instant::now();
         toolgate::pool::runner::run(
             spec,
@@ -163,104 +478,35 @@ async fn main() {
             &Default::default(),
         )
         .await;
-        spawn.push(t.elapsed());
+        sandboxed.push(t.elapsed());
     }
-    let spawn = stats(spawn);
-    row("script alone (runner: spawn, stdin, stdout, exit)", spawn);
+    let sandboxed = stats(sandboxed);
+    let on = calls(&http, &base, &call_tok, o.samples).await;
+    let off = calls(&http, &base_off, &call_tok_off, o.samples).await;
+    let ms = |s: Stats| format!("p50 {:.3} p99 {:.3} ms", s.p50, s.p99);
+    figures.push(Figure {
+        name: "P2 script tools/call, audit on, vs a bare spawn",
+        ours: ms(on),
+        reference: ms(bare),
+        ratio: ratio(on.p50, bare.p50),
+        goal: "≤ 1.3×",
+    });
+    figures.push(Figure {
+        name: "P2 (part) the sandboxed spawn alone, vs a bare spawn",
+        ours: ms(sandboxed),
+        reference: ms(bare),
+        ratio: ratio(sandboxed.p50, bare.p50),
+        goal: "-",
+    });
+    figures.push(Figure {
+        name: "P4 the same call, audit on vs audit off",
+        ours: ms(on),
+        reference: ms(off),
+        ratio: ratio(on.p50, off.p50),
+        goal: "≤ 1.2×",
+    });
 
-    // 2. The same call over HTTP: token check, policy, validation, 2 audit rows, script.
-    let call = |http: reqwest::Client, base: String, tok: String| async move {
-        let mut v = Vec::new();
-        for i in 0..n {
-            let t = Instant::now();
-            let r = http
-                .post(format!("{base}/tools/bench/echo"))
-                .bearer_auth(&tok)
-                .json(&json!({"n": i}))
-                .send()
-                .await
-                .unwrap();
-            assert!(r.status().is_success());
-            let _ = r.bytes().await;
-            v.push(t.elapsed());
-        }
-        stats(v)
-    };
-    let audited = call(http.clone(), base.clone(), tok.clone()).await;
-    row("REST call over HTTP, audit on", audited);
-
-    // 3. Same again with the audit writer replaced by one that acknowledges at once.
-    let (_plain, base_off) = app(&url, &tools, false).await;
-    let tok_off = token(&http, &base_off, "bench-off").await;
-    let unaudited = call(http.clone(), base_off.clone(), tok_off.clone()).await;
-    row("REST call over HTTP, audit off", unaudited);
-
-    // 4. tools/list for one agent over HTTP (token verified, filter applied, list audited).
-    let list = |base: String, tok: String| {
-        let http = http.clone();
-        async move {
-            let mut v = Vec::new();
-            for _ in 0..n {
-                let t = Instant::now();
-                let r = http
-                    .post(format!("{base}/mcp"))
-                    .bearer_auth(&tok)
-                    .header("accept", "application/json, text/event-stream")
-                    .header("mcp-protocol-version", "2025-11-25")
-                    .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
-                    .send()
-                    .await
-                    .unwrap();
-                assert!(r.status().is_success());
-                let _ = r.bytes().await;
-                v.push(t.elapsed());
-            }
-            stats(v)
-        }
-    };
-    row(
-        "MCP tools/list, audit on",
-        list(base.clone(), tok.clone()).await,
-    );
-    row(
-        "MCP tools/list, audit off",
-        list(base_off.clone(), tok_off.clone()).await,
-    );
-
-    // 5. tools/list throughput with 32 concurrent clients for 5 s.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let workers: Vec<_> = (0..32)
-        .map(|_| {
-            let (http, base, tok) = (http.clone(), base.clone(), tok.clone());
-            tokio::spawn(async move {
-                let mut done = 0u64;
-                while Instant::now() < deadline {
-                    let r = http
-                        .post(format!("{base}/mcp"))
-                        .bearer_auth(&tok)
-                        .header("accept", "application/json, text/event-stream")
-                        .header("mcp-protocol-version", "2025-11-25")
-                        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
-                        .send()
-                        .await
-                        .unwrap();
-                    let _ = r.bytes().await;
-                    done += 1;
-                }
-                done
-            })
-        })
-        .collect();
-    let mut total = 0;
-    for w in workers {
-        total += w.await.unwrap();
-    }
-    println!(
-        "\ntools/list throughput, 32 concurrent clients, audit on: {:.0} requests/s",
-        total as f64 / 5.0
-    );
-
-    // 6. Durable audit rows per second through the group-commit writer, 256 concurrent writers.
+    // P4: durable audit rows per second through the group-commit writer, 256 writers.
     let pool = PgPool::connect(&url).await.unwrap();
     let log = AuditLog::spawn(
         pool.clone(),
@@ -268,7 +514,7 @@ async fn main() {
         "bench".into(),
     );
     let started = Instant::now();
-    let per = 400;
+    let per = if o.smoke { 10 } else { 400 };
     let writers: Vec<_> = (0..256)
         .map(|_| {
             let log = log.clone();
@@ -279,7 +525,7 @@ async fn main() {
                         toolgate::audit::Outcome::Success,
                     );
                     e.agent = Some("bench".into());
-                    e.tool = Some("bench__echo".into());
+                    e.tool = Some("bench__cat".into());
                     log.record(e).await.unwrap();
                 }
             })
@@ -289,20 +535,39 @@ async fn main() {
         w.await.unwrap();
     }
     let rows = 256 * per;
-    println!(
-        "durable audit rows: {rows} in {:.2} s = {:.0} rows/s (each writer waited for its commit)",
-        started.elapsed().as_secs_f64(),
-        rows as f64 / started.elapsed().as_secs_f64()
-    );
-    println!(
-        "\ncall overhead over the script alone (p50): {:.2} ms with audit, {:.2} ms without",
-        audited.0 - spawn.0,
-        unaudited.0 - spawn.0
-    );
+    let rate = rows as f64 / started.elapsed().as_secs_f64();
+    figures.push(Figure {
+        name: "P4 durable audit rows/s, 256 writers (each waits for its commit)",
+        ours: format!("{rate:.0}"),
+        reference: "10000 (goal)".into(),
+        ratio: ratio(rate, 10_000.0),
+        goal: "≥ 1×",
+    });
 
-    // 7. A proxied call against the same upstream called directly, with the same official
-    //    client (rmcp, Streamable HTTP), in the same run.
-    proxied_vs_direct(&state, &http, &base).await;
+    // P3: a proxied call against the same upstream called directly with the same client.
+    match proxied_vs_direct(&state, &http, &base, o.samples).await {
+        Some((direct, via)) => figures.push(Figure {
+            name: "P3 proxied upstream tools/call, added p50 over direct",
+            ours: ms(via),
+            reference: ms(direct),
+            ratio: format!(
+                "+{:.2} ms ({})",
+                via.p50 - direct.p50,
+                ratio(via.p50, direct.p50)
+            ),
+            goal: "≤ +0.5 ms",
+        }),
+        None => println!("P3 skipped: npm could not install the reference upstream"),
+    }
+
+    println!("| figure | toolgate | reference | ratio | goal |");
+    println!("| --- | --- | --- | --- | --- |");
+    for f in &figures {
+        println!(
+            "| {} | {} | {} | {} | {} |",
+            f.name, f.ours, f.reference, f.ratio, f.goal
+        );
+    }
 
     pool.close().await;
     state.db.close().await;
@@ -315,14 +580,19 @@ async fn main() {
 }
 
 /// `@modelcontextprotocol/server-everything` over Streamable HTTP, called directly and through
-/// the gateway (token, grants, limits, two audit rows, forwarding).
-async fn proxied_vs_direct(state: &AppState, http: &reqwest::Client, base: &str) {
+/// the gateway (token, grants, limits, two audit rows, forwarding), by the same rmcp client.
+async fn proxied_vs_direct(
+    state: &AppState,
+    http: &reqwest::Client,
+    base: &str,
+    n: usize,
+) -> Option<(Stats, Stats)> {
     use rmcp::ServiceExt;
     use rmcp::model::CallToolRequestParams;
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 
-    let deps = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-deps");
+    let deps = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-deps");
     let entry = deps.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     if !entry.is_file() {
         let ok = std::process::Command::new("npm")
@@ -332,11 +602,7 @@ async fn proxied_vs_direct(state: &AppState, http: &reqwest::Client, base: &str)
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
-            println!(
-                "
-proxied call: skipped (npm could not install the reference upstream)"
-            );
-            return;
+            return None;
         }
     }
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -352,29 +618,28 @@ proxied call: skipped (npm could not install the reference upstream)"
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    for _ in 0..100 {
+    // Polling a port is the only signal a child process gives that it listens.
+    let mut listening = false;
+    for _ in 0..300 {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_ok()
         {
+            listening = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(listening, "the reference upstream did not start");
     let url = format!("http://127.0.0.1:{port}/mcp");
     let spec: toolgate::upstream::UpstreamSpec =
         serde_json::from_value(json!({"transport": "http", "url": url})).unwrap();
     toolgate::service::set_upstream(state, "bench", "everything", spec)
         .await
         .unwrap();
-    let admin = |r: reqwest::RequestBuilder| r.bearer_auth("bench");
-    let _ = admin(http.post(format!("{base}/api/v1/agents/bench/grants")))
-        .json(&json!({"target": "everything"}))
-        .send()
-        .await
-        .unwrap();
-    let tok = token(http, base, "bench").await;
-    for _ in 0..100 {
+    let tok = token(http, base, "proxied", "everything").await;
+    let mut listed = false;
+    for _ in 0..600 {
         if state
             .policy
             .load()
@@ -382,10 +647,12 @@ proxied call: skipped (npm could not install the reference upstream)"
             .get("everything__echo")
             .is_some()
         {
+            listed = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(listed, "the upstream's tools never reached the catalog");
     let direct = ()
         .serve(StreamableHttpClientTransport::from_config(
             StreamableHttpClientTransportConfig::with_uri(url.as_str()),
@@ -395,29 +662,27 @@ proxied call: skipped (npm could not install the reference upstream)"
     let mut via_config = StreamableHttpClientTransportConfig::with_uri(format!("{base}/mcp"));
     via_config.auth_header = Some(tok);
     let via = ().serve(StreamableHttpClientTransport::from_config(via_config)).await.unwrap();
-    let n = 300;
     let run = async |client: &rmcp::service::RunningService<rmcp::RoleClient, ()>, name: &str| {
         let mut v = Vec::new();
-        for i in 0..n {
+        for i in 0..n + n / 10 {
             let mut p = CallToolRequestParams::new(name.to_owned());
             p.arguments = json!({"message": format!("m{i}")}).as_object().cloned();
             let t = Instant::now();
             let r = client.call_tool(p).await.unwrap();
             assert_ne!(r.is_error, Some(true));
-            v.push(t.elapsed());
+            if i >= n / 10 {
+                v.push(t.elapsed());
+            }
         }
         stats(v)
     };
     let d = run(&direct, "echo").await;
     let g = run(&via, "everything__echo").await;
-    println!();
-    row("upstream echo, called directly (rmcp client)", d);
-    row("upstream echo, through the gateway (same client)", g);
-    println!("proxied call overhead (p50): {:.2} ms", g.0 - d.0);
     let _ = direct.cancel().await;
     let _ = via.cancel().await;
     let _ = upstream.kill();
     let _ = upstream.wait();
+    Some((d, g))
 }
 
 fn tempfile_dir() -> std::path::PathBuf {

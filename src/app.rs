@@ -47,6 +47,10 @@ pub struct Settings {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Client ID Metadata Documents may be fetched from inside addresses (development only).
     pub cimd_allow_private: bool,
+    /// Admin UI session lifetimes and sign-in methods.
+    pub accounts: web::session::AccountSettings,
+    /// Admin sign-in with an OpenID Provider, when configured.
+    pub sso: Option<web::sso::SsoSettings>,
 }
 
 impl Settings {
@@ -68,6 +72,7 @@ impl Settings {
             None => url::Url::parse(&format!("http://{}", args.bind))?,
         };
         let issuer = public.as_str().trim_end_matches('/').to_owned();
+        let issuer_for_sso = issuer.clone();
         let mut allowed_hosts = vec![
             "localhost".to_owned(),
             "127.0.0.1".to_owned(),
@@ -120,6 +125,8 @@ impl Settings {
             instance: crate::audit::instance_name().to_owned(),
             trusted_proxies: args.trusted_proxies.clone(),
             cimd_allow_private: args.oauth_cimd_allow_private,
+            accounts: web::session::AccountSettings::from_args(args),
+            sso: web::sso::SsoSettings::from_args(&args.oidc, &issuer_for_sso)?,
         })
     }
 }
@@ -184,6 +191,8 @@ pub struct Inner {
     pub verified_tokens: crate::auth::token::VerifiedTokens,
     /// Client ID Metadata Documents, fetched and cached.
     pub cimd: crate::oauth::cimd::CimdCache,
+    /// Admin sign-in with an OpenID Provider; `None` when not configured.
+    pub sso: Option<web::sso::Sso>,
     /// Set at SIGTERM: `/readyz` answers 503 and responses close their connections.
     draining: std::sync::atomic::AtomicBool,
     /// HTTP requests being served now (what a drain waits for).
@@ -237,6 +246,7 @@ impl AppState {
             upstreams: crate::upstream::Upstreams::default(),
             verified_tokens: Default::default(),
             cimd: crate::oauth::cimd::CimdCache::new(settings.cimd_allow_private),
+            sso: settings.sso.clone().map(web::sso::Sso::new),
             settings,
             db,
             policy: PolicyHandle::default(),

@@ -10,6 +10,9 @@ use crate::pool::loader::{LoaderSettings, load_pool};
 use crate::{app, db, oauth, policy, service, telemetry};
 
 pub async fn run(cli: Cli) -> ExitCode {
+    if !matches!(cli.command, Command::Serve(_)) {
+        restore_default_sigpipe();
+    }
     let telemetry = telemetry::init(cli.log_format);
     let code = match dispatch(cli.command).await {
         Ok(code) => code,
@@ -21,6 +24,20 @@ pub async fn run(cli: Cli) -> ExitCode {
     // The batch exporter runs on its own thread and blocks while it flushes.
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     code
+}
+
+/// A command's output piped into `head` must end the command quietly, as it does `ls` or
+/// `grep`. Rust ignores SIGPIPE, so `println!` to a closed pipe panics instead: restore the
+/// default for every command but `serve`, whose sockets must never kill it. Sockets are not
+/// affected either way: the standard library writes to them with `MSG_NOSIGNAL`.
+#[allow(unsafe_code)]
+fn restore_default_sigpipe() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: called before any thread of ours could depend on the old disposition, and
+    // SIG_DFL installs no handler code.
+    if let Err(e) = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) } {
+        tracing::debug!(error = %e, "cannot restore the default SIGPIPE disposition");
+    }
 }
 
 async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {

@@ -214,6 +214,23 @@ pub struct ServeArgs {
     /// How long a limit check waits for Redis before the failure mode applies.
     #[arg(long, env = "TOOLGATE_REDIS_TIMEOUT_MS", default_value_t = 50)]
     pub redis_timeout_ms: u64,
+    /// An admin UI session ends after this many minutes without a request.
+    #[arg(long, env = "TOOLGATE_SESSION_IDLE_MINUTES", default_value_t = 30)]
+    pub session_idle_minutes: u64,
+    /// An admin UI session ends this many hours after sign-in, however active.
+    #[arg(long, env = "TOOLGATE_SESSION_MAX_HOURS", default_value_t = 12)]
+    pub session_max_hours: u64,
+    /// Local password sign-in to the admin UI; `off` leaves only the OpenID Provider (keep it
+    /// `on`, or be ready to restart with it `on`, for break-glass accounts).
+    #[arg(
+        long,
+        env = "TOOLGATE_PASSWORD_SIGN_IN",
+        value_enum,
+        default_value = "on"
+    )]
+    pub password_sign_in: OnOff,
+    #[command(flatten)]
+    pub oidc: OidcArgs,
     /// Page size of tools/list.
     #[arg(long, env = "TOOLGATE_PAGE_SIZE", default_value_t = 100)]
     pub page_size: usize,
@@ -221,6 +238,56 @@ pub struct ServeArgs {
     /// and the search meta-tools above it.
     #[arg(long, env = "TOOLGATE_SEARCH_TOKEN_BUDGET", default_value_t = crate::search::DEFAULT_TOKEN_BUDGET)]
     pub search_token_budget: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+/// Admin sign-in with an OpenID Provider: all of issuer, client id and a role mapping, or none.
+#[derive(Debug, Clone, Args)]
+pub struct OidcArgs {
+    /// Issuer URL of the OpenID Provider, exactly as the provider writes it (with or without
+    /// a trailing slash: ID tokens must name the same string); its discovery document is
+    /// `<issuer>/.well-known/openid-configuration`.
+    #[arg(long, env = "TOOLGATE_OIDC_ISSUER")]
+    pub oidc_issuer: Option<String>,
+    /// The client id registered at the provider; its redirect URL is
+    /// `<public-url>/admin/sso/callback`.
+    #[arg(long, env = "TOOLGATE_OIDC_CLIENT_ID")]
+    pub oidc_client_id: Option<String>,
+    /// The client secret; prefer the variable or --oidc-client-secret-file, as other users can
+    /// read a process's flags.
+    #[arg(long, env = "TOOLGATE_OIDC_CLIENT_SECRET", hide_env_values = true)]
+    pub oidc_client_secret: Option<String>,
+    /// A file holding the client secret (trailing whitespace is ignored).
+    #[arg(long, env = "TOOLGATE_OIDC_CLIENT_SECRET_FILE")]
+    pub oidc_client_secret_file: Option<PathBuf>,
+    /// The provider's name on the sign-in button ("Sign in with <name>"); by default its host.
+    #[arg(long, env = "TOOLGATE_OIDC_PROVIDER_NAME")]
+    pub oidc_provider_name: Option<String>,
+    /// Scopes asked for besides `openid` (some providers need one for the role claim).
+    #[arg(
+        long = "oidc-scope",
+        env = "TOOLGATE_OIDC_SCOPES",
+        value_delimiter = ',',
+        default_value = "profile,email"
+    )]
+    pub oidc_scopes: Vec<String>,
+    /// The claim (in the ID token, else userinfo) whose values map to roles: a string or an
+    /// array of strings.
+    #[arg(long, env = "TOOLGATE_OIDC_ROLE_CLAIM", default_value = "groups")]
+    pub oidc_role_claim: String,
+    /// `claim-value=role` pairs (role: admin, auditor, viewer or member); when several match,
+    /// the most privileged role wins; when none does, sign-in is refused.
+    #[arg(
+        long = "oidc-role-map",
+        env = "TOOLGATE_OIDC_ROLE_MAP",
+        value_delimiter = ','
+    )]
+    pub oidc_role_map: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -359,7 +426,7 @@ pub enum AdminCommand {
         username: String,
         /// admin edits everything; auditor reads everything and exports the audit log;
         /// viewer reads everything but tool arguments.
-        #[arg(long, value_parser = ["admin", "auditor", "viewer"])]
+        #[arg(long, value_parser = ["admin", "auditor", "viewer", "member"])]
         role: String,
     },
 }

@@ -1,5 +1,6 @@
 //! All SQL lives under this module. The rest of the code speaks in domain types.
 
+pub mod accounts;
 pub mod admin;
 pub mod assertions;
 pub mod audit;

@@ -9,8 +9,8 @@ use serde::Deserialize;
 
 use super::error::WebError;
 use super::session::{
-    self, Admin, LOGIN_COOKIE, SESSION_COOKIE, SESSION_HOURS, client_ip, random_token, same_token,
-    set_cookie, sha256_hex,
+    self, Admin, LOGIN_COOKIE, SESSION_COOKIE, client_ip, random_token, same_token, set_cookie,
+    sha256_hex,
 };
 use super::view::render_status;
 use crate::app::AppState;
@@ -26,16 +26,21 @@ struct LoginPage {
     next: String,
     error: Option<String>,
     notice: Option<String>,
+    /// "Sign in with <provider>", when SSO is configured.
+    provider: Option<String>,
+    /// Whether the password form is shown (`--password-sign-in on`).
+    password: bool,
 }
 
 #[derive(Deserialize, Default)]
 pub struct LoginQuery {
     next: Option<String>,
     signed_out: Option<String>,
+    password_set: Option<String>,
 }
 
 /// Only our own admin pages are valid targets after sign-in (no open redirect).
-fn safe_next(next: Option<&str>) -> String {
+pub(super) fn safe_next(next: Option<&str>) -> String {
     match next {
         Some(n)
             if (n == "/admin" || n.starts_with("/admin/") || n.starts_with("/admin?"))
@@ -68,9 +73,13 @@ pub async fn login_form(
     Query(q): Query<LoginQuery>,
 ) -> Result<Response, WebError> {
     if let Some(token) = session::cookie(&headers, SESSION_COOKIE)
-        && db::admin::session(&state.db, &sha256_hex(token))
-            .await?
-            .is_some()
+        && db::admin::session(
+            &state.db,
+            &sha256_hex(token),
+            state.settings.accounts.session_idle,
+        )
+        .await?
+        .is_some()
     {
         return Ok(Redirect::to(&safe_next(q.next.as_deref())).into_response());
     }
@@ -84,7 +93,13 @@ pub async fn login_form(
         username: String::new(),
         next: safe_next(q.next.as_deref()),
         error: None,
-        notice: q.signed_out.map(|_| "You have signed out.".to_owned()),
+        notice: match (&q.signed_out, &q.password_set) {
+            (_, Some(_)) => Some("Your password is set. Sign in with it.".to_owned()),
+            (Some(_), None) => Some("You have signed out.".to_owned()),
+            (None, None) => None,
+        },
+        provider: super::sso::login_options(&state).provider,
+        password: state.settings.accounts.password_sign_in,
     };
     login_page(&state, StatusCode::OK, csrf, page)
 }
@@ -131,12 +146,25 @@ pub async fn login_submit(
                 next: next.clone(),
                 error: Some(error.to_owned()),
                 notice: None,
+                provider: super::sso::login_options(&state).provider,
+                password: state.settings.accounts.password_sign_in,
             },
         )
     };
     if !same_token(&form.csrf, cookie_token) {
         return retry(
             "The sign-in form had expired. Please try again.",
+            StatusCode::FORBIDDEN,
+        );
+    }
+    if !state.settings.accounts.password_sign_in {
+        state.audit.record_detached(login_event(
+            Outcome::Denied,
+            &form.username,
+            origin.as_ref(),
+        ));
+        return retry(
+            "Password sign-in is turned off here. Use the sign-in button of your provider.",
             StatusCode::FORBIDDEN,
         );
     }
@@ -156,7 +184,7 @@ pub async fn login_submit(
     } else {
         None
     };
-    let stored = user.as_ref().map(|u| u.password_hash.clone());
+    let stored = user.as_ref().and_then(|u| u.password_hash.clone());
     let password = form.password.clone();
     // argon2 is deliberately slow: keep it off the async workers. An unknown user is checked
     // against a dummy hash, so the timing does not tell which usernames exist.
@@ -171,39 +199,63 @@ pub async fn login_submit(
         ));
         return retry("Wrong username or password.", StatusCode::UNAUTHORIZED);
     };
-    let token = random_token();
-    let expires = chrono::Utc::now() + chrono::Duration::hours(SESSION_HOURS);
-    db::admin::create_session(
-        &state.db,
-        &sha256_hex(&token),
-        user.id,
-        &random_token(),
-        expires,
-        origin.as_ref().and_then(|o| o.remote_addr.as_deref()),
-        origin.as_ref().and_then(|o| o.user_agent.as_deref()),
-    )
-    .await?;
+    // Only after the password verified: a disabled account is not an oracle for guessers.
+    if user.disabled {
+        state.audit.record_detached(login_event(
+            Outcome::Denied,
+            &user.username,
+            origin.as_ref(),
+        ));
+        return retry(
+            "This account is disabled. Ask an administrator.",
+            StatusCode::FORBIDDEN,
+        );
+    }
+    let cookie = open_session(&state, user.id, origin.as_ref()).await?;
+    let mut conn = state.db.acquire().await?;
+    db::accounts::touch_sign_in(&mut conn, user.id).await?;
     state.audit.record_detached(login_event(
         Outcome::Success,
         &user.username,
         origin.as_ref(),
     ));
     let mut r = Redirect::to(&next).into_response();
-    r.headers_mut().append(
-        header::SET_COOKIE,
-        set_cookie(
-            &state,
-            SESSION_COOKIE,
-            &token,
-            "/admin",
-            SESSION_HOURS * 3600,
-        ),
-    );
+    r.headers_mut().append(header::SET_COOKIE, cookie);
     r.headers_mut().append(
         header::SET_COOKIE,
         set_cookie(&state, LOGIN_COOKIE, "", "/admin/login", 0),
     );
     Ok(r)
+}
+
+/// Starts a session for `user_id` (checked and signed in by the caller); the `Set-Cookie`
+/// value that hands it to the browser.
+pub(super) async fn open_session(
+    state: &AppState,
+    user_id: uuid::Uuid,
+    origin: Option<&RequestOrigin>,
+) -> Result<axum::http::HeaderValue, WebError> {
+    let token = random_token();
+    let lifetime = state.settings.accounts.session_max;
+    let expires = chrono::Utc::now()
+        + chrono::Duration::from_std(lifetime).unwrap_or(chrono::Duration::hours(12));
+    db::admin::create_session(
+        &state.db,
+        &sha256_hex(&token),
+        user_id,
+        &random_token(),
+        expires,
+        origin.and_then(|o| o.remote_addr.as_deref()),
+        origin.and_then(|o| o.user_agent.as_deref()),
+    )
+    .await?;
+    Ok(set_cookie(
+        state,
+        SESSION_COOKIE,
+        &token,
+        "/admin",
+        i64::try_from(lifetime.as_secs()).unwrap_or(43_200),
+    ))
 }
 
 pub async fn logout(

@@ -21,6 +21,12 @@ pub enum WebError {
     BadRequest(String),
     #[error("{0}")]
     Conflict(String),
+    /// Too many attempts; the handler sets `Retry-After`.
+    #[error("{0}")]
+    TooMany(String),
+    /// A service we depend on (the OpenID Provider) did not answer.
+    #[error("{0}")]
+    Upstream(String),
     #[error("database unavailable")]
     Unavailable(#[source] sqlx::Error),
     #[error("internal error")]
@@ -62,6 +68,8 @@ impl WebError {
             WebError::Forbidden(_) => StatusCode::FORBIDDEN,
             WebError::BadRequest(_) => StatusCode::BAD_REQUEST,
             WebError::Conflict(_) => StatusCode::CONFLICT,
+            WebError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            WebError::Upstream(_) => StatusCode::BAD_GATEWAY,
             WebError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             WebError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -74,7 +82,11 @@ impl IntoResponse for WebError {
         let message = match &self {
             WebError::NotFound => default_message(status).to_owned(),
             WebError::Missing(what) => format!("{what} does not exist."),
-            WebError::Forbidden(m) | WebError::BadRequest(m) | WebError::Conflict(m) => m.clone(),
+            WebError::Forbidden(m)
+            | WebError::BadRequest(m)
+            | WebError::Conflict(m)
+            | WebError::TooMany(m)
+            | WebError::Upstream(m) => m.clone(),
             WebError::Unavailable(e) => {
                 tracing::error!(error = %e, "admin UI: database error");
                 default_message(status).to_owned()

@@ -6,6 +6,7 @@
 //! Sessions, CSRF and roles are checked once, in [`session::require_session`], for every
 //! route behind it.
 
+pub mod accounts;
 mod agents;
 mod arguments;
 mod audit;
@@ -17,7 +18,8 @@ mod error;
 mod grants;
 mod limits;
 mod pins;
-mod session;
+pub mod session;
+pub mod sso;
 mod tools;
 pub mod users;
 mod view;
@@ -78,6 +80,12 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/audit", get(audit::index))
         .route("/audit/export", get(audit::export))
         .route("/audit/{id}", get(audit::show))
+        .route("/accounts", get(accounts::index).post(accounts::create))
+        .route("/accounts/{username}", get(accounts::show))
+        .route(
+            "/accounts/{username}/{action}",
+            get(accounts::confirm).post(accounts::act),
+        )
         .route("/logout", axum::routing::post(auth::logout))
         .route("/consent", get(consent::show).post(consent::submit))
         .route(
@@ -96,6 +104,12 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route_layer(from_fn_with_state(state.clone(), session::require_session));
     let admin = Router::new()
         .route("/login", get(auth::login_form).post(auth::login_submit))
+        .route("/sso/start", get(sso::start))
+        .route("/sso/callback", get(sso::callback))
+        .route(
+            "/reset",
+            get(accounts::reset_form).post(accounts::reset_submit),
+        )
         .merge(protected)
         .fallback(not_found);
     Router::new()

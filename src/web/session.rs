@@ -28,16 +28,47 @@ pub const SESSION_COOKIE: &str = "toolgate_session";
 /// Double-submit token of the sign-in form, which has no session yet.
 pub const LOGIN_COOKIE: &str = "toolgate_login";
 pub const FLASH_COOKIE: &str = "toolgate_flash";
-/// Sessions end this long after sign-in, whatever the activity.
-pub const SESSION_HOURS: i64 = 12;
 /// Routes any signed-in user may post to.
 const EVERY_ROLE_POSTS: [&str; 3] = [
     "/admin/logout",
     "/admin/consent",
     "/admin/authorizations/{id}/revoke",
 ];
+/// Admin pages a `member` may see: signing out, letting a host act for them (consent), and
+/// their own host authorizations.
+const MEMBER_PAGES: [&str; 4] = [
+    "/admin/logout",
+    "/admin/consent",
+    "/admin/authorizations",
+    "/admin/authorizations/{id}/revoke",
+];
 /// Largest form body a protected page accepts.
 const MAX_FORM_BYTES: usize = 256 * 1024;
+
+/// Session lifetimes and the sign-in methods, from `serve`'s flags.
+#[derive(Debug, Clone)]
+pub struct AccountSettings {
+    /// A session unused this long has ended.
+    pub session_idle: Duration,
+    /// A session ends this long after sign-in, however active.
+    pub session_max: Duration,
+    /// Whether local accounts may sign in with their password.
+    pub password_sign_in: bool,
+}
+
+impl AccountSettings {
+    pub fn from_args(args: &crate::config::ServeArgs) -> Self {
+        // At least a minute idle and an hour in all, at most a day idle and 30 days in all.
+        let session_max = Duration::from_secs(args.session_max_hours.clamp(1, 720) * 3600);
+        let session_idle =
+            Duration::from_secs(args.session_idle_minutes.clamp(1, 1440) * 60).min(session_max);
+        Self {
+            session_idle,
+            session_max,
+            password_sign_in: args.password_sign_in == crate::config::OnOff::On,
+        }
+    }
+}
 
 /// What an admin account may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +79,8 @@ pub enum Role {
     Auditor,
     /// Reads everything except tool arguments and results in the audit log.
     Viewer,
+    /// May only act as agents (through an interactive host); no admin page lets it in.
+    Member,
 }
 
 impl Role {
@@ -56,6 +89,7 @@ impl Role {
             "admin" => Some(Role::Admin),
             "auditor" => Some(Role::Auditor),
             "viewer" => Some(Role::Viewer),
+            "member" => Some(Role::Member),
             _ => None,
         }
     }
@@ -65,7 +99,16 @@ impl Role {
             Role::Admin => "admin",
             Role::Auditor => "auditor",
             Role::Viewer => "viewer",
+            Role::Member => "member",
         }
+    }
+
+    /// Every role, most privileged first (the order in which a claim mapping picks one).
+    pub const ALL: [Role; 4] = [Role::Admin, Role::Auditor, Role::Viewer, Role::Member];
+
+    /// Whether the admin pages (other than [`MEMBER_PAGES`]) let this role in at all.
+    pub fn can_use_admin_pages(self) -> bool {
+        self != Role::Member
     }
 
     pub fn can_edit(self) -> bool {
@@ -180,10 +223,12 @@ pub fn client_ip(origin: Option<&crate::audit::RequestOrigin>) -> IpAddr {
 pub async fn require_session(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let hash = cookie(req.headers(), SESSION_COOKIE).map(sha256_hex);
     let record = match &hash {
-        Some(h) => match db::admin::session(&state.db, h).await {
-            Ok(r) => r,
-            Err(e) => return WebError::from(e).into_response(),
-        },
+        Some(h) => {
+            match db::admin::session(&state.db, h, state.settings.accounts.session_idle).await {
+                Ok(r) => r,
+                Err(e) => return WebError::from(e).into_response(),
+            }
+        }
         None => None,
     };
     let safe = matches!(*req.method(), Method::GET | Method::HEAD);
@@ -211,13 +256,20 @@ pub async fn require_session(State(state): State<AppState>, req: Request, next: 
         csrf: record.csrf_token,
         session_hash: hash,
     };
+    let path = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_default();
+    if !role.can_use_admin_pages() && !MEMBER_PAGES.contains(&path.as_str()) {
+        return WebError::Forbidden(format!(
+            "The {} role may not use the admin pages.",
+            role.as_str()
+        ))
+        .into_response();
+    }
     let mut req = req;
     if !safe {
-        let path = req
-            .extensions()
-            .get::<MatchedPath>()
-            .map(|p| p.as_str().to_owned())
-            .unwrap_or_default();
         let (parts, body) = req.into_parts();
         let Ok(bytes) = axum::body::to_bytes(body, MAX_FORM_BYTES).await else {
             return WebError::BadRequest("The form is too large.".into()).into_response();
@@ -273,6 +325,19 @@ pub fn redirect_with(state: &AppState, to: &str, flash: Flash) -> Response {
         set_cookie(state, FLASH_COOKIE, &flash.encode(), "/admin", 60),
     );
     r
+}
+
+/// Charges one sign-in attempt to the source address only (a sign-in through the OpenID
+/// Provider names no username before the provider answers).
+pub async fn throttle_source(db: &sqlx::PgPool, ip: IpAddr) -> sqlx::Result<Result<(), Duration>> {
+    let (burst, every) = SIGN_IN_PER_IP;
+    db::signin::charge(
+        db,
+        &format!("ip:{}", crate::limits::source_key(ip)),
+        every,
+        burst,
+    )
+    .await
 }
 
 /// Sign-in attempts per client IP, then one more every 6 s.

@@ -23,6 +23,7 @@ pub enum Nav {
     Tools,
     Limits,
     Audit,
+    Accounts,
 }
 
 /// One link of the navigation bar.
@@ -117,6 +118,7 @@ impl Ctx {
             (Nav::Tools, "/admin/tools", "Tool catalog"),
             (Nav::Limits, "/admin/limits", "Rate limits"),
             (Nav::Audit, "/admin/audit", "Audit log"),
+            (Nav::Accounts, "/admin/accounts", "Accounts"),
         ];
         PageCtx {
             title: title.into(),

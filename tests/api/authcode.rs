@@ -1033,3 +1033,27 @@ async fn an_admin_sees_and_revokes_anyones_authorization_on_the_page(pool: PgPoo
     assert!(page.text.contains("revoked"), "{}", page.text);
     assert!(page.text.contains("admin:ada"), "{}", page.text);
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_member_may_consent_and_manage_their_own_authorizations_only(pool: PgPool) {
+    let h = setup(pool).await;
+    let r = h
+        .app
+        .admin("PUT", "/api/v1/agents/assistant/users/mia", None)
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
+    let mut mia = Browser::signed_in(&h.app, "mia", "member").await;
+    let page = consent_page(&mut mia, &authorize_url(&h.client_id(), REDIRECT, &[])).await;
+    let r = consent(&mut mia, &page, "assistant").await;
+    let code = query_of(&location(&r))["code"].clone();
+    let t = exchange(&h, &code, VERIFIER, REDIRECT).await;
+    assert_eq!(
+        claims(t.body["access_token"].as_str().unwrap())["act"],
+        json!({"sub": "mia"})
+    );
+    let mine = mia.get("/admin/authorizations").await;
+    assert_eq!(mine.status, StatusCode::OK, "{}", mine.text);
+    assert!(mine.text.contains("Revoke"), "{}", mine.text);
+    // The rest of the admin pages stay closed to a member.
+    assert_eq!(mia.get("/admin/agents").await.status, StatusCode::FORBIDDEN);
+}

@@ -126,3 +126,32 @@ async fn commands_other_than_serve_and_migrate_refuse_a_missing_database(pool: P
         .await
         .unwrap();
 }
+
+/// `toolgate … | head` must not panic when `head` closes the pipe: the command ends as `ls`
+/// does, killed by SIGPIPE, with nothing on stderr. The pipe's read end is closed before the
+/// command starts, so its first write always meets a closed pipe.
+#[test]
+fn output_into_a_closed_pipe_ends_the_command_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let policies = repo_path("policies");
+    let tools = repo_path("tools");
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["policy", "check", "--dir"])
+        .arg(&policies)
+        .arg("--tools-dir")
+        .arg(&tools)
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "stderr: {stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(nix::libc::SIGPIPE),
+        "status {:?}, stderr: {stderr}",
+        out.status
+    );
+}

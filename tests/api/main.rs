@@ -1,5 +1,6 @@
 //! Integration tests: the real router over a fresh Postgres database per test.
 
+mod accounts;
 mod apps;
 mod arguments;
 mod audit;

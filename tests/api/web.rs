@@ -19,7 +19,7 @@ pub(crate) struct Browser<'a> {
 }
 
 impl<'a> Browser<'a> {
-    fn new(app: &'a TestApp) -> Self {
+    pub(crate) fn new(app: &'a TestApp) -> Self {
         Self {
             app,
             cookies: HashMap::new(),
@@ -37,7 +37,7 @@ impl<'a> Browser<'a> {
         b
     }
 
-    async fn login(&mut self, username: &str, password: &str) -> Reply {
+    pub(crate) async fn login(&mut self, username: &str, password: &str) -> Reply {
         let form = self.get("/admin/login").await;
         assert_eq!(form.status, StatusCode::OK, "{}", form.text);
         let csrf = csrf_of(&form.text);
@@ -51,6 +51,11 @@ impl<'a> Browser<'a> {
             ],
         )
         .await
+    }
+
+    /// The value of one of the browser's cookies.
+    pub(crate) fn cookies_value(&self, name: &str) -> String {
+        self.cookies.get(name).cloned().unwrap_or_default()
     }
 
     fn remember(&mut self, reply: &Reply) {
@@ -108,7 +113,7 @@ impl<'a> Browser<'a> {
     }
 }
 
-fn csrf_of(html: &str) -> String {
+pub(crate) fn csrf_of(html: &str) -> String {
     let at = html
         .find("name=\"csrf\" value=\"")
         .unwrap_or_else(|| panic!("no CSRF field in {html}"));
@@ -116,7 +121,7 @@ fn csrf_of(html: &str) -> String {
     rest[..rest.find('"').unwrap()].to_owned()
 }
 
-fn location(r: &Reply) -> &str {
+pub(crate) fn location(r: &Reply) -> &str {
     r.headers
         .get(header::LOCATION)
         .and_then(|v| v.to_str().ok())

@@ -1,0 +1,73 @@
+// A real OpenID Provider for the SSO tests: panva's certified oidc-provider, in development
+// mode (an http issuer on loopback and its built-in login and consent pages, devInteractions).
+//
+//   node op.mjs --port 4010 --redirect-uri http://127.0.0.1:8787/admin/sso/callback
+//
+// One static confidential client (client_secret_basic) that must use PKCE; fixed accounts
+// whose claims include `groups`. Any password signs a known account in; an unknown login is
+// refused by findAccount. Prints one JSON line {"issuer": ...} once it listens.
+import Provider from 'oidc-provider';
+import { parseArgs } from 'node:util';
+
+const { values } = parseArgs({
+  options: {
+    port: { type: 'string', default: '4010' },
+    'redirect-uri': { type: 'string', multiple: true, default: [] },
+    'client-id': { type: 'string', default: 'toolgate' },
+    'client-secret': { type: 'string', default: 'toolgate-test-secret' },
+  },
+});
+const port = Number(values.port);
+const issuer = `http://127.0.0.1:${port}`;
+
+// The test accounts: login name -> claims.
+export const ACCOUNTS = {
+  alice: { preferred_username: 'alice', email: 'alice@example.test', groups: ['toolgate-admins'] },
+  bob: { preferred_username: 'bob', email: 'bob@example.test', groups: ['staff', 'toolgate-auditors'] },
+  carol: { preferred_username: 'carol', email: 'carol@example.test', groups: ['toolgate-members'] },
+  // Signs in at the provider, but no group maps to a toolgate role.
+  mallory: { preferred_username: 'mallory', email: 'mallory@example.test', groups: ['contractors'] },
+  // A hostile username: toolgate must sanitise and escape it.
+  eve: { preferred_username: '<script>alert(1)</script> eve', email: 'eve@example.test', groups: ['toolgate-viewers'] },
+};
+
+const provider = new Provider(issuer, {
+  clients: [
+    {
+      client_id: values['client-id'],
+      client_secret: values['client-secret'],
+      redirect_uris: values['redirect-uri'],
+      grant_types: ['authorization_code'],
+      response_types: ['code'],
+      token_endpoint_auth_method: 'client_secret_basic',
+    },
+  ],
+  // PKCE for every client, not only public ones.
+  pkce: { required: () => true },
+  scopes: ['openid', 'profile', 'email', 'groups'],
+  claims: {
+    openid: ['sub'],
+    profile: ['preferred_username', 'name'],
+    email: ['email', 'email_verified'],
+    groups: ['groups'],
+  },
+  // Put the scopes' claims in the ID token too; toolgate also reads userinfo when they are not.
+  conformIdTokenClaims: false,
+  features: { devInteractions: { enabled: true } },
+  cookies: { keys: ['toolgate-test-only-cookie-key'] },
+  async findAccount(_ctx, id) {
+    const account = ACCOUNTS[id];
+    if (!account) return undefined;
+    return {
+      accountId: id,
+      async claims() {
+        return { sub: id, name: id, email_verified: true, ...account };
+      },
+    };
+  },
+});
+provider.proxy = false;
+
+provider.listen(port, '127.0.0.1', () => {
+  process.stdout.write(`${JSON.stringify({ issuer })}\n`);
+});
