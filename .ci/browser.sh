@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The admin UI in a real browser: installs what the browser tests need (Debian's chromium and
-# chromium-driver when missing, playwright-core and the test OpenID Provider (oidc-provider)
-# from their lockfiles; no browser download), builds toolgate, and runs every
-# tests/browser/*.test.mjs with node's test runner. Exits non-zero on any failure. Screenshots
-# land in $SCREENSHOT_DIR (default target/browser-screenshots).
+# chromium-driver when missing, playwright-core, the MCP TypeScript SDK and the test OpenID
+# Provider (oidc-provider) from their lockfiles; no browser download), builds toolgate, and runs
+# every tests/browser/*.test.mjs with node's test runner (oauth-host: a host signing a person in
+# through the SDK). Exits non-zero on any failure. Screenshots land in $SCREENSHOT_DIR (default
+# target/browser-screenshots).
 #
 # Needs: Postgres on 127.0.0.1:5432 with trust auth (PG_BASE to change), Node 20 or newer, npm.
 set -euo pipefail

@@ -45,6 +45,8 @@ pub struct Settings {
     pub instance: String,
     /// Reverse proxies whose `X-Forwarded-For` names the client (see [`crate::http::client_addr`]).
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Client ID Metadata Documents may be fetched from inside addresses (development only).
+    pub cimd_allow_private: bool,
     /// Admin UI session lifetimes and sign-in methods.
     pub accounts: web::session::AccountSettings,
     /// Admin sign-in with an OpenID Provider, when configured.
@@ -56,6 +58,12 @@ impl Settings {
         if args.dev_agent.is_some() && !args.bind.ip().is_loopback() {
             anyhow::bail!(
                 "--dev-agent treats unauthenticated requests as an agent; it is refused on a non-loopback bind ({})",
+                args.bind
+            );
+        }
+        if args.oauth_cimd_allow_private && !args.bind.ip().is_loopback() {
+            anyhow::bail!(
+                "--oauth-cimd-allow-private lets outsiders make this server fetch inside addresses; it is refused on a non-loopback bind ({})",
                 args.bind
             );
         }
@@ -125,6 +133,7 @@ impl Settings {
             },
             instance: crate::audit::instance_name().to_owned(),
             trusted_proxies: args.trusted_proxies.clone(),
+            cimd_allow_private: args.oauth_cimd_allow_private,
             accounts: web::session::AccountSettings::from_args(args),
             sso: web::sso::SsoSettings::from_args(&args.oidc, &issuer_for_sso)?,
         })
@@ -189,6 +198,8 @@ pub struct Inner {
     pub upstreams: crate::upstream::Upstreams,
     /// Access tokens whose signature was already verified.
     pub verified_tokens: crate::auth::token::VerifiedTokens,
+    /// Client ID Metadata Documents, fetched and cached.
+    pub cimd: crate::oauth::cimd::CimdCache,
     /// Admin sign-in with an OpenID Provider; `None` when not configured.
     pub sso: Option<web::sso::Sso>,
     /// Set at SIGTERM: `/readyz` answers 503 and responses close their connections.
@@ -243,6 +254,7 @@ impl AppState {
             limits,
             upstreams: crate::upstream::Upstreams::default(),
             verified_tokens: Default::default(),
+            cimd: crate::oauth::cimd::CimdCache::new(settings.cimd_allow_private),
             sso: settings.sso.clone().map(web::sso::Sso::new),
             settings,
             db,
@@ -557,6 +569,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             loop {
                 tick.tick().await;
                 let _ = db::policy::prune_revocations(&state.db).await;
+                let _ = db::authorizations::prune_codes(&state.db).await;
                 state.limits.shrink();
                 if let Err(e) =
                     crate::audit::apply_retention(&state.db, state.settings.audit_retention_days)

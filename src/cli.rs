@@ -143,6 +143,38 @@ async fn apply(args: PolicyArgs) -> anyhow::Result<ExitCode> {
 
 async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {
     match command {
+        ClientCommand::RegisterPublic {
+            db: db_args,
+            client_id,
+            name,
+            redirect_uris,
+        } => {
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
+            db::migrate(&pool, &db_args.database_url).await?;
+            service::put_public_client(&pool, "cli", &client_id, &name, &redirect_uris).await?;
+            println!(
+                "{}",
+                serde_json::json!({"client_id": client_id, "client_name": name, "redirect_uris": redirect_uris})
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        ClientCommand::DeletePublic {
+            db: db_args,
+            client_id,
+        } => {
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
+            db::migrate(&pool, &db_args.database_url).await?;
+            service::delete_public_client(&pool, "cli", &client_id).await?;
+            println!("deleted public client {client_id}");
+            Ok(ExitCode::SUCCESS)
+        }
+        ClientCommand::ListPublic { db: db_args } => {
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
+            db::migrate(&pool, &db_args.database_url).await?;
+            let clients = db::authorizations::public_clients(&pool).await?;
+            println!("{}", serde_json::to_string_pretty(&clients)?);
+            Ok(ExitCode::SUCCESS)
+        }
         ClientCommand::Create {
             db: db_args,
             agent,
@@ -201,6 +233,7 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
             tool,
             event_type,
             outcome,
+            person,
         } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             let filter = db::audit::AuditFilter {
@@ -210,6 +243,7 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
                 tool,
                 event_type,
                 outcome,
+                person,
             };
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let mut chunks = std::pin::pin!(export::stream(pool, format, filter));

@@ -123,6 +123,10 @@ pub struct ServeArgs {
     /// Treat unauthenticated requests as this agent (local development only; loopback binds only).
     #[arg(long, env = "TOOLGATE_DEV_AGENT")]
     pub dev_agent: Option<String>,
+    /// Let Client ID Metadata Documents be fetched over http and from loopback or private
+    /// addresses (local development and tests only: it opens the fetch to the inside network).
+    #[arg(long, env = "TOOLGATE_OAUTH_CIMD_ALLOW_PRIVATE")]
+    pub oauth_cimd_allow_private: bool,
     /// Bearer token for the JSON admin API (/api/v1).
     #[arg(long, env = "TOOLGATE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
@@ -358,6 +362,31 @@ pub enum ClientCommand {
         db: DbArgs,
         client_id: String,
     },
+    /// Register (or replace) a public client for an interactive host that has no Client ID
+    /// Metadata Document: it signs a person in with authorization code + PKCE.
+    RegisterPublic {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long)]
+        client_id: String,
+        /// The name people see on the consent page.
+        #[arg(long)]
+        name: String,
+        /// A redirect URI (repeat for several); a loopback http URI may vary its port.
+        #[arg(long = "redirect-uri", required = true)]
+        redirect_uris: Vec<String>,
+    },
+    /// Delete a public client; what people authorized for it is revoked.
+    DeletePublic {
+        #[command(flatten)]
+        db: DbArgs,
+        client_id: String,
+    },
+    /// List public clients.
+    ListPublic {
+        #[command(flatten)]
+        db: DbArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -446,6 +475,9 @@ pub enum AuditCommand {
         event_type: Option<String>,
         #[arg(long)]
         outcome: Option<String>,
+        /// Only events of tokens a host obtained for this person (its `act` claim).
+        #[arg(long)]
+        person: Option<String>,
     },
     /// Check the hash chains, in the database or in an exported JSONL file: every row
     /// unedited, every chain complete up to its recorded head, every gap explained by

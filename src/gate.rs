@@ -228,6 +228,7 @@ impl<'a> Gate<'a> {
         let mut e = AuditEvent::new(kind, outcome).from_origin(self.origin);
         e.agent = Some(self.principal.agent.clone());
         e.client_id = Some(self.principal.client_id.clone());
+        e.person = self.principal.person.clone();
         e.jti = self.principal.jti.map(|j| j.to_string());
         e.details = Some(self.details(serde_json::json!({})));
         e

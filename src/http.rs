@@ -337,6 +337,7 @@ fn dev_principal(state: &AppState, agent: &str) -> Principal {
         client_id: "dev-agent".to_owned(),
         jti: None,
         prefixes,
+        person: None,
     }
 }
 

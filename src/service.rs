@@ -650,3 +650,130 @@ pub async fn set_group_pin(
         approved,
     })
 }
+
+/// A username as accounts spell them.
+fn valid_username(username: &str) -> Result<()> {
+    if username.is_empty()
+        || username.len() > 64
+        || !username
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '@' | '-'))
+    {
+        return Err(ServiceError::Invalid(format!(
+            "username `{username}` must be 1-64 letters, digits, `_`, `.`, `@` or `-`"
+        )));
+    }
+    Ok(())
+}
+
+/// Lets a person act as an agent through an interactive host.
+pub async fn add_agent_user(
+    state: &AppState,
+    actor: &str,
+    agent: &str,
+    username: &str,
+) -> Result<()> {
+    valid_username(username)?;
+    let mut tx = state.db.begin().await?;
+    if !db::authorizations::add_agent_user(&mut tx, actor, agent, username).await? {
+        return Err(ServiceError::NotFound(format!("agent `{agent}`")));
+    }
+    tx.commit().await?;
+    refresh(state).await;
+    Ok(())
+}
+
+/// Stops a person acting as an agent; what they authorized for it is revoked with it.
+pub async fn remove_agent_user(
+    state: &AppState,
+    actor: &str,
+    agent: &str,
+    username: &str,
+) -> Result<()> {
+    let mut tx = state.db.begin().await?;
+    if !db::authorizations::remove_agent_user(&mut tx, actor, agent, username).await? {
+        return Err(ServiceError::NotFound(format!(
+            "user `{username}` of agent `{agent}`"
+        )));
+    }
+    tx.commit().await?;
+    refresh(state).await;
+    Ok(())
+}
+
+/// Registers (or replaces) a public client for hosts without a metadata document.
+pub async fn put_public_client(
+    pool: &sqlx::PgPool,
+    actor: &str,
+    client_id: &str,
+    client_name: &str,
+    redirect_uris: &[String],
+) -> Result<()> {
+    if client_id.is_empty()
+        || client_id.len() > 128
+        || !client_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'))
+        || crate::oauth::cimd::is_url_client_id(client_id)
+    {
+        return Err(ServiceError::Invalid(format!(
+            "client id `{client_id}` must be 1-128 letters, digits, `_`, `.`, `:` or `-` (and not a URL: URL client ids are metadata documents)"
+        )));
+    }
+    let name = client_name.trim();
+    if name.is_empty() || name.chars().count() > 200 || name.chars().any(char::is_control) {
+        return Err(ServiceError::Invalid(
+            "client_name must be 1-200 characters without control characters".into(),
+        ));
+    }
+    if redirect_uris.is_empty() || redirect_uris.len() > 20 {
+        return Err(ServiceError::Invalid(
+            "redirect_uris must list 1 to 20 URLs".into(),
+        ));
+    }
+    for u in redirect_uris {
+        crate::oauth::authorize::check_registered_redirect(u).map_err(ServiceError::Invalid)?;
+    }
+    let mut tx = pool.begin().await?;
+    db::authorizations::put_public_client(&mut tx, actor, client_id, name, redirect_uris).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+pub async fn delete_public_client(pool: &sqlx::PgPool, actor: &str, client_id: &str) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    if !db::authorizations::delete_public_client(&mut tx, actor, client_id).await? {
+        return Err(ServiceError::NotFound(format!(
+            "public client `{client_id}`"
+        )));
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+pub async fn delete_public_client_live(
+    state: &AppState,
+    actor: &str,
+    client_id: &str,
+) -> Result<()> {
+    delete_public_client(&state.db, actor, client_id).await?;
+    refresh(state).await;
+    Ok(())
+}
+
+/// Revokes a host authorization: of `only_of` alone when given (a person revoking their own),
+/// anyone's otherwise (an admin).
+pub async fn revoke_authorization(
+    state: &AppState,
+    actor: &str,
+    id: uuid::Uuid,
+    only_of: Option<&str>,
+) -> Result<()> {
+    let mut tx = state.db.begin().await?;
+    if !db::authorizations::revoke(&mut tx, actor, id, only_of, "revoked").await? {
+        return Err(ServiceError::NotFound(format!("authorization `{id}`")));
+    }
+    tx.commit().await?;
+    refresh(state).await;
+    Ok(())
+}

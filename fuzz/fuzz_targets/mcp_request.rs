@@ -113,6 +113,7 @@ fn app(rt: &tokio::runtime::Runtime, tools: &std::path::Path, discovery: Discove
                 )
                 .unwrap(),
             }],
+            users: Vec::new(),
         }],
         ..PolicyState::default()
     });

@@ -28,6 +28,17 @@ pub fn router(state: AppState) -> Router<AppState> {
             get(list_clients).post(create_client),
         )
         .route("/clients/{client_id}", delete(delete_client))
+        .route(
+            "/agents/{name}/users/{username}",
+            axum::routing::put(put_agent_user).delete(delete_agent_user),
+        )
+        .route("/public-clients", get(list_public_clients))
+        .route(
+            "/public-clients/{client_id}",
+            axum::routing::put(put_public_client).delete(delete_public_client),
+        )
+        .route("/authorizations", get(list_authorizations))
+        .route("/authorizations/{id}", delete(revoke_authorization))
         .route("/grants/preview", get(preview_grant))
         .route("/tools", get(list_tools))
         .route("/groups", get(list_groups))
@@ -354,6 +365,85 @@ async fn delete_client(
     Path(client_id): Path<String>,
 ) -> ApiResult<StatusCode> {
     service::delete_client(&state, API_ACTOR, &client_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn put_agent_user(
+    State(state): State<AppState>,
+    Path((name, username)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    service::add_agent_user(&state, API_ACTOR, &name, &username).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn delete_agent_user(
+    State(state): State<AppState>,
+    Path((name, username)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    service::remove_agent_user(&state, API_ACTOR, &name, &username).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn list_public_clients(State(state): State<AppState>) -> ApiResult<Json<Value>> {
+    let clients = crate::db::authorizations::public_clients(&state.db)
+        .await
+        .map_err(ServiceError::from)?;
+    Ok(Json(json!({"public_clients": clients})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublicClientBody {
+    client_name: String,
+    redirect_uris: Vec<String>,
+}
+
+async fn put_public_client(
+    State(state): State<AppState>,
+    Path(client_id): Path<String>,
+    Json(body): Json<PublicClientBody>,
+) -> ApiResult<StatusCode> {
+    service::put_public_client(
+        &state.db,
+        API_ACTOR,
+        &client_id,
+        &body.client_name,
+        &body.redirect_uris,
+    )
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn delete_public_client(
+    State(state): State<AppState>,
+    Path(client_id): Path<String>,
+) -> ApiResult<StatusCode> {
+    service::delete_public_client_live(&state, API_ACTOR, &client_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct AuthorizationsQuery {
+    username: Option<String>,
+}
+
+async fn list_authorizations(
+    State(state): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<AuthorizationsQuery>,
+) -> ApiResult<Json<Value>> {
+    let list = crate::db::authorizations::list(&state.db, q.username.as_deref())
+        .await
+        .map_err(ServiceError::from)?;
+    Ok(Json(json!({"authorizations": list})))
+}
+
+async fn revoke_authorization(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let id = uuid::Uuid::parse_str(&id)
+        .map_err(|_| ServiceError::NotFound(format!("authorization `{id}`")))?;
+    service::revoke_authorization(&state, API_ACTOR, id, None).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

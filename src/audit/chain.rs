@@ -36,7 +36,9 @@ pub struct ChainedEvent {
 }
 
 /// The exact bytes that are hashed: a JSON array with a fixed field order. `flags` is
-/// appended only when present, so rows written before it existed keep their hashes.
+/// appended only when present, and then `person` as `{"person": ...}` only when present (an
+/// object, so it cannot be read as flags), so rows written before either existed keep their
+/// hashes.
 pub fn canonical(
     chain: &str,
     seq: i64,
@@ -73,6 +75,9 @@ pub fn canonical(
     ]);
     if let (Some(f), Some(a)) = (flags, fields.as_array_mut()) {
         a.push(json!(f));
+    }
+    if let (Some(p), Some(a)) = (&e.person, fields.as_array_mut()) {
+        a.push(json!({ "person": p }));
     }
     fields.to_string()
 }
@@ -158,6 +163,7 @@ pub fn sanitize(e: &mut AuditEvent) -> Vec<&'static str> {
         ("arguments", &mut e.arguments, MAX_LONG_FIELD),
         ("result", &mut e.result, MAX_LONG_FIELD),
         ("details", &mut e.details, MAX_LONG_FIELD),
+        ("person", &mut e.person, MAX_SHORT_FIELD),
     ] {
         if let Some(v) = v {
             one(name, v, cap);
@@ -229,6 +235,7 @@ pub fn quarantine(event: &AuditEvent, error: &str) -> (AuditEvent, String) {
         result_sha256: o(&event.result_sha256),
         result: o(&event.result),
         details: o(&event.details),
+        person: o(&event.person),
     };
     let flags = json!({"isolated": ascii(error), "escaped": "non-ASCII and control characters as \\u{hex}"});
     (e, flags.to_string())

@@ -22,7 +22,7 @@ impl Format {
     }
 }
 
-pub const CSV_HEADER: [&str; 31] = [
+pub const CSV_HEADER: [&str; 32] = [
     "id",
     "at",
     "chain",
@@ -54,6 +54,7 @@ pub const CSV_HEADER: [&str; 31] = [
     "at_unix_us",
     "format",
     "flags",
+    "person",
 ];
 
 /// A cell a spreadsheet would run as a formula gets a leading apostrophe.
@@ -107,6 +108,7 @@ pub fn csv_line(r: &ChainedEvent) -> Vec<u8> {
         e.at.timestamp_micros().to_string(),
         "toolgate-audit-v1".to_owned(),
         csv_safe(r.flags.as_deref().unwrap_or("")),
+        s(&e.person),
     ];
     let mut w = csv::Writer::from_writer(Vec::new());
     let _ = w.write_record(&record);

@@ -38,6 +38,10 @@ pub struct AuditEvent {
     pub result_sha256: Option<String>,
     pub result: Option<String>,
     pub details: Option<String>,
+    /// The person behind the token (its `act` claim) when a host acts for someone who signed
+    /// in; `agent` is who they act as and `client_id` the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub person: Option<String>,
 }
 
 impl AuditEvent {

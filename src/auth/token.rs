@@ -40,6 +40,19 @@ pub struct AccessClaims {
     pub jti: String,
     pub scope: String,
     pub tool_prefixes: Vec<String>,
+    /// The person a host acts for (RFC 8693 §4.1), on tokens obtained by sign-in and consent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub act: Option<Actor>,
+    /// The consent those tokens were issued under: checked live on every request, so that
+    /// revoking it ends them at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorization_id: Option<String>,
+}
+
+/// An RFC 8693 actor claim: who is acting.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Actor {
+    pub sub: String,
 }
 
 impl AccessClaims {
@@ -67,7 +80,18 @@ impl AccessClaims {
                 .collect::<Vec<_>>()
                 .join(" "),
             tool_prefixes: prefixes,
+            act: None,
+            authorization_id: None,
         }
+    }
+
+    /// These claims, for a host acting for `person` under `authorization`.
+    pub fn acting_for(mut self, person: &str, authorization: Uuid) -> Self {
+        self.act = Some(Actor {
+            sub: person.to_owned(),
+        });
+        self.authorization_id = Some(authorization.to_string());
+        self
     }
 }
 
@@ -103,6 +127,8 @@ pub enum TokenError {
     Revoked,
     #[error("the token's client no longer exists")]
     UnknownClient,
+    #[error("the token's authorization was revoked")]
+    AuthorizationRevoked,
 }
 
 /// Verifies an access token against the snapshot: signature, `alg`/`typ`, `iss`, `aud`, `exp`,
@@ -168,9 +194,30 @@ fn admit(signed: &Signed, snapshot: &PolicySnapshot) -> Result<Principal, TokenE
     if snapshot.is_revoked(&signed.jti) {
         return Err(TokenError::Revoked);
     }
-    if snapshot.client_agent(&claims.client_id) != Some(claims.sub.as_str()) {
-        return Err(TokenError::UnknownClient);
-    }
+    let person = match &claims.authorization_id {
+        // A host acting for a person: its consent must still stand, for this agent, client
+        // and person (a public client has no row of its own to check).
+        Some(id) => {
+            let live = Uuid::parse_str(id)
+                .ok()
+                .and_then(|id| snapshot.authorization(&id))
+                .ok_or(TokenError::AuthorizationRevoked)?;
+            let person = claims.act.as_ref().map(|a| a.sub.as_str());
+            if live.agent != claims.sub
+                || live.client_id != claims.client_id
+                || Some(live.username.as_str()) != person
+            {
+                return Err(TokenError::AuthorizationRevoked);
+            }
+            Some(live.username.clone())
+        }
+        None => {
+            if snapshot.client_agent(&claims.client_id) != Some(claims.sub.as_str()) {
+                return Err(TokenError::UnknownClient);
+            }
+            None
+        }
+    };
     let prefixes = claims
         .tool_prefixes
         .iter()
@@ -181,6 +228,7 @@ fn admit(signed: &Signed, snapshot: &PolicySnapshot) -> Result<Principal, TokenE
         client_id: claims.client_id.clone(),
         jti: Some(signed.jti),
         prefixes,
+        person,
     })
 }
 

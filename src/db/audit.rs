@@ -11,7 +11,7 @@ use crate::audit::checkpoint::SignedCheckpoint;
 
 const COLUMNS: &str = "id, at, chain, chain_seq, prev_hash, hash, instance, event_type, outcome, agent, client_id, jti, \
     admin_user, tool, resource, remote_addr, user_agent, request_id, call_id, exit_code, error, latency_us, bytes_in, \
-    bytes_out, arguments, result_sha256, result, details, flags";
+    bytes_out, arguments, result_sha256, result, details, flags, person";
 
 /// The first day of `at`'s month and of the month after.
 fn month_bounds(at: DateTime<Utc>) -> (NaiveDate, NaiveDate) {
@@ -71,15 +71,16 @@ fn push_row(
         .push_bind(e.result_sha256.clone())
         .push_bind(e.result.clone())
         .push_bind(e.details.clone())
-        .push_bind(r.flags.clone());
+        .push_bind(r.flags.clone())
+        .push_bind(e.person.clone());
 }
 
 const INSERT: &str = "INSERT INTO audit_events (at, chain, chain_seq, prev_hash, hash, instance, event_type, outcome, \
     agent, client_id, jti, admin_user, tool, resource, remote_addr, user_agent, request_id, call_id, exit_code, error, \
-    latency_us, bytes_in, bytes_out, arguments, result_sha256, result, details, flags) ";
+    latency_us, bytes_in, bytes_out, arguments, result_sha256, result, details, flags, person) ";
 
 /// Bind parameters per row; Postgres allows 65535 per statement.
-const PARAMS_PER_ROW: usize = 28;
+const PARAMS_PER_ROW: usize = 29;
 /// The most rows [`insert_batch`] takes.
 pub const MAX_INSERT_ROWS: usize = 65535 / PARAMS_PER_ROW;
 
@@ -179,6 +180,7 @@ fn from_row(r: &PgRow) -> ChainedEvent {
             result_sha256: r.get("result_sha256"),
             result: r.get("result"),
             details: r.get("details"),
+            person: r.get("person"),
         },
     }
 }
@@ -192,6 +194,9 @@ pub struct AuditFilter {
     pub tool: Option<String>,
     pub event_type: Option<String>,
     pub outcome: Option<String>,
+    /// The person a host acted for (`act`): "what did alice do, through any host, as any agent".
+    #[serde(default)]
+    pub person: Option<String>,
 }
 
 impl AuditFilter {
@@ -199,9 +204,15 @@ impl AuditFilter {
     pub fn is_filtered(&self) -> bool {
         self.since.is_some()
             || self.until.is_some()
-            || [&self.agent, &self.tool, &self.event_type, &self.outcome]
-                .iter()
-                .any(|v| v.as_ref().is_some_and(|v| !v.is_empty()))
+            || [
+                &self.agent,
+                &self.tool,
+                &self.event_type,
+                &self.outcome,
+                &self.person,
+            ]
+            .iter()
+            .any(|v| v.as_ref().is_some_and(|v| !v.is_empty()))
     }
 
     fn push(&self, qb: &mut QueryBuilder<'_, Postgres>) {
@@ -217,6 +228,7 @@ impl AuditFilter {
             ("tool", &self.tool),
             ("event_type", &self.event_type),
             ("outcome", &self.outcome),
+            ("person", &self.person),
         ] {
             if let Some(v) = v.as_ref().filter(|v| !v.is_empty()) {
                 qb.push(format!(" AND {col} = ")).push_bind(v.clone());

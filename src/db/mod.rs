@@ -4,6 +4,7 @@ pub mod accounts;
 pub mod admin;
 pub mod assertions;
 pub mod audit;
+pub mod authorizations;
 pub mod catalog;
 pub mod pins;
 pub mod policy;

@@ -38,6 +38,7 @@ pub async fn load_state(pool: &PgPool) -> sqlx::Result<PolicyState> {
         .await?;
     let keys = verify_keys(&mut tx).await?;
     let pins = super::pins::load(&mut tx).await?;
+    let authorizations = super::authorizations::live(&mut tx).await?;
     tx.commit().await?;
     Ok(PolicyState {
         pins,
@@ -45,6 +46,7 @@ pub async fn load_state(pool: &PgPool) -> sqlx::Result<PolicyState> {
         clients,
         revoked,
         keys,
+        authorizations,
     })
 }
 
@@ -101,6 +103,7 @@ async fn agents(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRecord>> {
             params,
         });
     }
+    let mut users = super::authorizations::agent_users(&mut *conn).await?;
     let rows = sqlx::query(
         "SELECT id, name, description, notes, discovery, pinned FROM agents ORDER BY name",
     )
@@ -120,6 +123,7 @@ async fn agents(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRecord>> {
                 grants: grants.remove(&id).unwrap_or_default(),
                 limits: limits.remove(&id).unwrap_or_default(),
                 arguments: arguments.remove(&id).unwrap_or_default(),
+                users: users.remove(&id).unwrap_or_default(),
             }
         })
         .collect())

@@ -305,6 +305,7 @@ mod tests {
                 grants: vec![],
                 limits,
                 arguments: vec![],
+                users: vec![],
             },
             grants: vec![],
             grant_matches: vec![],

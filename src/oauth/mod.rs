@@ -1,5 +1,9 @@
 //! The gateway as its own OAuth 2.1 authorization server: client credentials for agents,
-//! RFC 8414 / 9728 metadata, JWKS, revocation (RFC 7009) and introspection (RFC 7662).
+//! RFC 8414 / 9728 metadata, JWKS, revocation (RFC 7009) and introspection (RFC 7662); and
+//! the authorization-code grant for interactive hosts ([`authorize`], [`cimd`]).
+
+pub mod authorize;
+pub mod cimd;
 
 use std::collections::HashMap;
 
@@ -38,7 +42,7 @@ pub fn router() -> Router<AppState> {
         .route("/oauth/token", post(token))
         .route("/oauth/revoke", post(revoke))
         .route("/oauth/introspect", post(introspect))
-        .route("/oauth/authorize", get(authorize))
+        .route("/oauth/authorize", get(authorize::authorize))
         .route("/.well-known/oauth-authorization-server", get(as_metadata))
         .route(
             "/.well-known/oauth-protected-resource",
@@ -491,20 +495,6 @@ pub fn narrow(grants: &[GrantTarget], scope: Option<&str>) -> Result<Vec<GrantTa
     Ok(out)
 }
 
-/// There is no interactive authorization here: agents use client credentials. The endpoint
-/// exists because MCP clients require the metadata field; it refuses every request.
-async fn authorize() -> Response {
-    (
-        StatusCode::BAD_REQUEST,
-        [(header::CACHE_CONTROL, "no-store")],
-        Json(json!({
-            "error": "unsupported_response_type",
-            "error_description": "this authorization server issues tokens only with grant_type=client_credentials at /oauth/token",
-        })),
-    )
-        .into_response()
-}
-
 async fn token(
     State(state): State<AppState>,
     origin: Option<axum::Extension<crate::audit::RequestOrigin>>,
@@ -538,6 +528,7 @@ async fn token(
             e.agent = Some(claims.sub.clone());
             e.client_id = Some(claims.client_id.clone());
             e.jti = Some(claims.jti.clone());
+            e.person = claims.act.as_ref().map(|a| a.sub.clone());
             e.resource = Some(claims.aud.clone());
             e.details = Some(json!({"scope": claims.scope, "tool_prefixes": claims.tool_prefixes, "exp": claims.exp}).to_string());
             // A token that is not in the audit log is not handed out.
@@ -581,6 +572,15 @@ async fn issue_token(
     form: &HashMap<String, String>,
     origin: Option<&RequestOrigin>,
 ) -> Result<(Value, AccessClaims), OAuthError> {
+    // Interactive hosts are public clients: PKCE and the code (or refresh token) are their
+    // proof, there is no client secret to check.
+    match form.get("grant_type").map(String::as_str) {
+        Some("authorization_code") => {
+            return authorize::exchange(state, headers, form, false).await;
+        }
+        Some("refresh_token") => return authorize::exchange(state, headers, form, true).await,
+        _ => {}
+    }
     let client = authenticate_client(state, headers, form, origin).await?;
     match form.get("grant_type").map(String::as_str) {
         Some("client_credentials") => {}
@@ -588,7 +588,9 @@ async fn issue_token(
             return Err(OAuthError::new(
                 StatusCode::BAD_REQUEST,
                 "unsupported_grant_type",
-                format!("grant_type `{other}` is not supported; use client_credentials"),
+                format!(
+                    "grant_type `{other}` is not supported; use client_credentials, authorization_code or refresh_token"
+                ),
             ));
         }
         None => {
@@ -677,6 +679,14 @@ async fn revoke(
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
     let origin = origin.map(|o| o.0);
+    // A public client (an interactive host) has no credential but its tokens.
+    if !headers.contains_key(header::AUTHORIZATION)
+        && !form.contains_key("client_secret")
+        && !form.contains_key("client_assertion")
+        && let Some(r) = authorize::revoke_public(&state, &headers, &form).await
+    {
+        return r;
+    }
     let client = match authenticate_client(&state, &headers, &form, origin.as_ref()).await {
         Ok(c) => c,
         Err(e) => {
@@ -754,6 +764,7 @@ async fn introspect(
             "iss": c.iss, "sub": c.sub, "aud": c.aud, "client_id": c.client_id,
             "iat": c.iat, "exp": c.exp, "jti": c.jti, "scope": c.scope,
             "tool_prefixes": c.tool_prefixes,
+            "act": c.act, "authorization_id": c.authorization_id,
         }))
         .into_response(),
         Err(_) => inactive,
@@ -768,16 +779,20 @@ async fn as_metadata(State(state): State<AppState>) -> Json<Value> {
         "jwks_uri": format!("{i}/.well-known/jwks.json"),
         "revocation_endpoint": format!("{i}/oauth/revoke"),
         "introspection_endpoint": format!("{i}/oauth/introspect"),
-        "grant_types_supported": ["client_credentials"],
-        "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt"],
+        "grant_types_supported": ["client_credentials", "authorization_code", "refresh_token"],
+        // `none`: interactive hosts are public clients proving themselves with PKCE.
+        "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"],
         "token_endpoint_auth_signing_alg_values_supported": ["EdDSA", "RS256", "ES256", "PS256"],
-        "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt"],
+        "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"],
         // No `scopes_supported`: listing every group would tell any stranger what the
         // catalog holds. Scopes are `tools:<group>` or `tools:<group>__<tool>`; an agent
         // learns its own tools from `tools/list`.
-        "response_types_supported": [],
-        // Required by MCP clients' metadata models; it answers unsupported_response_type.
+        "response_types_supported": ["code"],
+        "response_modes_supported": ["query"],
         "authorization_endpoint": format!("{i}/oauth/authorize"),
+        "code_challenge_methods_supported": ["S256"],
+        "client_id_metadata_document_supported": true,
+        "authorization_response_iss_parameter_supported": true,
     }))
 }
 

@@ -38,6 +38,9 @@ pub struct FrontMatter {
     /// Argument rules per tool or group: `arguments: {weather__forecast: {days: {maximum: 3}}}`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub arguments: BTreeMap<String, serde_json::Value>,
+    /// People who may act as this agent through an interactive host: `users: [alice, bob]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<String>,
 }
 
 /// One agent file.
@@ -411,6 +414,19 @@ pub fn validate(policies: &PolicyDir) -> Vec<Problem> {
                 problems.push(at(1, format!("{what} contains a NUL character")));
             }
         }
+        for user in &agent.front.users {
+            if user.is_empty()
+                || user.len() > 64
+                || !user
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '@' | '-'))
+            {
+                problems.push(at(
+                    agent.line_of("users"),
+                    format!("user {user:?} must be 1-64 letters, digits, `_`, `.`, `@` or `-`"),
+                ));
+            }
+        }
         for pin in agent.front.pinned.iter().filter(|p| p.contains('\0')) {
             problems.push(at(
                 agent.line_of("pinned"),
@@ -603,6 +619,11 @@ pub enum Change {
     DeleteUpstream {
         name: String,
     },
+    SetUsers {
+        agent: String,
+        before: Vec<String>,
+        after: Vec<String>,
+    },
 }
 
 impl fmt::Display for Change {
@@ -674,8 +695,20 @@ impl fmt::Display for Change {
             } => write!(f, "+ upstream {name}"),
             Change::SetUpstream { name, .. } => write!(f, "~ upstream {name}"),
             Change::DeleteUpstream { name } => write!(f, "- upstream {name}"),
+            Change::SetUsers {
+                agent,
+                before,
+                after,
+            } => write!(f, "~ users {agent}: {before:?} -> {after:?}"),
         }
     }
+}
+
+fn sorted_users(users: &[String]) -> Vec<String> {
+    let mut u = users.to_vec();
+    u.sort();
+    u.dedup();
+    u
 }
 
 fn settings_of(a: &AgentRecord) -> AgentSettings {
@@ -725,6 +758,13 @@ pub fn plan(
                     changes.push(Change::SetArguments {
                         agent: file.name.clone(),
                         rules,
+                    });
+                }
+                if !file.front.users.is_empty() {
+                    changes.push(Change::SetUsers {
+                        agent: file.name.clone(),
+                        before: Vec::new(),
+                        after: sorted_users(&file.front.users),
                     });
                 }
             }
@@ -778,6 +818,15 @@ pub fn plan(
                             target: have.target.clone(),
                         });
                     }
+                }
+                let want_users = sorted_users(&file.front.users);
+                let have_users = sorted_users(&record.users);
+                if want_users != have_users {
+                    changes.push(Change::SetUsers {
+                        agent: file.name.clone(),
+                        before: have_users,
+                        after: want_users,
+                    });
                 }
             }
         }
@@ -922,6 +971,9 @@ pub async fn apply_dir(
                 Change::DeleteUpstream { name } => {
                     db::policy::delete_upstream(&mut tx, actor, name).await?;
                 }
+                Change::SetUsers { agent, after, .. } => {
+                    db::authorizations::set_agent_users(&mut tx, actor, agent, after).await?;
+                }
             }
         }
         // A group pinned by this apply starts from what it serves now, approved by whoever
@@ -972,6 +1024,7 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
                 .iter()
                 .map(|r| (r.target.clone(), serde_json::json!(r.params)))
                 .collect(),
+            users: a.users.clone(),
         };
         let yaml = serde_yaml::to_string(&front)?;
         let mut text = format!("---\n{yaml}---\n");

@@ -129,6 +129,8 @@ pub struct AgentRecord {
     pub limits: Vec<RateLimitRecord>,
     /// Argument rules, per tool or group.
     pub arguments: Vec<ArgumentRules>,
+    /// People who may act as this agent through an interactive host, by username.
+    pub users: Vec<String>,
 }
 
 /// An OAuth client as the token verifier needs it.
@@ -136,6 +138,16 @@ pub struct AgentRecord {
 pub struct ClientRecord {
     pub client_id: String,
     pub agent: String,
+}
+
+/// A person's consent that a host acts as an agent, while it is not revoked. Tokens issued
+/// from it are checked against it on every request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveAuthorization {
+    pub id: Uuid,
+    pub client_id: String,
+    pub agent: String,
+    pub username: String,
 }
 
 /// A public key that may have signed a token.
@@ -171,6 +183,7 @@ pub struct PolicyState {
     pub clients: Vec<ClientRecord>,
     pub revoked: Vec<Uuid>,
     pub keys: Vec<VerifyKey>,
+    pub authorizations: Vec<LiveAuthorization>,
 }
 
 /// Who is calling: established from a verified token (or the dev-agent flag).
@@ -181,6 +194,8 @@ pub struct Principal {
     pub jti: Option<Uuid>,
     /// The prefixes the token carries; the live grants narrow them further.
     pub prefixes: Vec<GrantTarget>,
+    /// The person a host acts for (the token's `act`), when it was obtained by sign-in.
+    pub person: Option<String>,
 }
 
 /// How one grant fares against the current catalog.
@@ -231,6 +246,8 @@ pub struct PolicySnapshot {
     agents: HashMap<String, Arc<AgentView>>,
     clients: HashMap<String, String>,
     revoked: HashSet<Uuid>,
+    /// Authorizations not revoked, by id.
+    authorizations: HashMap<Uuid, LiveAuthorization>,
     /// Tools of the catalog that no agent may see or call: pinned and not approved as they are.
     held: HashSet<String>,
     keys: HashMap<String, Vec<u8>>,
@@ -336,6 +353,11 @@ impl PolicySnapshot {
                 .map(|c| (c.client_id.clone(), c.agent.clone()))
                 .collect(),
             revoked: state.revoked.iter().copied().collect(),
+            authorizations: state
+                .authorizations
+                .iter()
+                .map(|a| (a.id, a.clone()))
+                .collect(),
             held,
             keys: state
                 .keys
@@ -366,6 +388,30 @@ impl PolicySnapshot {
     /// The agent a client belongs to, if the client still exists.
     pub fn client_agent(&self, client_id: &str) -> Option<&str> {
         self.clients.get(client_id).map(String::as_str)
+    }
+
+    /// An authorization that has not been revoked.
+    pub fn authorization(&self, id: &Uuid) -> Option<&LiveAuthorization> {
+        self.authorizations.get(id)
+    }
+
+    /// Whether `username` may act as `agent` through an interactive host.
+    pub fn may_act_as(&self, username: &str, agent: &str) -> bool {
+        self.agents
+            .get(agent)
+            .is_some_and(|a| a.record.users.iter().any(|u| u == username))
+    }
+
+    /// The agents `username` may act as, in name order.
+    pub fn agents_of_user(&self, username: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .agents
+            .values()
+            .filter(|a| a.record.users.iter().any(|u| u == username))
+            .map(|a| a.record.name.clone())
+            .collect();
+        v.sort();
+        v
     }
 
     pub fn is_revoked(&self, jti: &Uuid) -> bool {
@@ -599,6 +645,7 @@ mod scale {
                     }],
                     limits: Vec::new(),
                     arguments: Vec::new(),
+                    users: Vec::new(),
                 })
                 .collect(),
             ..PolicyState::default()

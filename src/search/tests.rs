@@ -34,6 +34,7 @@ fn agent(name: &str, grants: &[String], discovery: Discovery, pinned: &[&str]) -
             .collect(),
         limits: Vec::new(),
         arguments: Vec::new(),
+        users: Vec::new(),
     }
 }
 
@@ -42,6 +43,7 @@ fn principal(agent: &str, prefixes: &[String]) -> Principal {
         agent: agent.to_owned(),
         client_id: "c".into(),
         jti: None,
+        person: None,
         prefixes: prefixes
             .iter()
             .map(|p| GrantTarget::parse(p).unwrap())

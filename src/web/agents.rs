@@ -196,6 +196,8 @@ struct AgentPage {
     cost: CostView,
     limits: Vec<LimitRow>,
     clients: Vec<ClientRow>,
+    /// People who may act as this agent through an interactive host.
+    users: Vec<String>,
     events: Vec<EventRow>,
     options: Vec<CatalogOption>,
 }
@@ -286,6 +288,7 @@ pub async fn show(
             })
             .collect(),
         clients,
+        users: agent.record.users.clone(),
         events,
         options: catalog_options(&snapshot),
         name,

@@ -131,6 +131,7 @@ impl AuditQuery {
                 tool: text(&self.tool),
                 event_type: text(&self.event_type),
                 outcome: text(&self.outcome),
+                person: None,
             },
             errors,
         )
@@ -298,6 +299,7 @@ pub async fn show(
         ("Admin / actor", opt(&e.admin_user)),
         ("Resource", opt(&e.resource)),
         ("OAuth client", opt(&e.client_id)),
+        ("Person (signed in through the host)", opt(&e.person)),
         ("Token id (jti)", opt(&e.jti)),
         ("Call id", opt(&e.call_id)),
         ("Request id", opt(&e.request_id)),

@@ -11,6 +11,8 @@ mod agents;
 mod arguments;
 mod audit;
 mod auth;
+mod authorizations;
+mod consent;
 mod dashboard;
 mod error;
 mod grants;
@@ -34,7 +36,7 @@ pub use error::WebError;
 pub use session::Role;
 
 /// Scripts only from our own origin, no inline script or style, no framing, forms only to us.
-const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
     img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 /// `/admin/...` and `/static/...`.
@@ -85,6 +87,20 @@ pub fn router(state: AppState) -> Router<AppState> {
             get(accounts::confirm).post(accounts::act),
         )
         .route("/logout", axum::routing::post(auth::logout))
+        .route("/consent", get(consent::show).post(consent::submit))
+        .route(
+            "/agents/{name}/users",
+            axum::routing::post(authorizations::add_user),
+        )
+        .route(
+            "/agents/{name}/users/remove",
+            axum::routing::post(authorizations::remove_user),
+        )
+        .route("/authorizations", get(authorizations::index))
+        .route(
+            "/authorizations/{id}/revoke",
+            axum::routing::post(authorizations::revoke),
+        )
         .route_layer(from_fn_with_state(state.clone(), session::require_session));
     let admin = Router::new()
         .route("/login", get(auth::login_form).post(auth::login_submit))
@@ -148,10 +164,13 @@ async fn security_headers(req: Request, next: Next) -> Response {
     let is_static = req.uri().path().starts_with("/static/");
     let mut response = next.run(req).await;
     let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
-    );
+    // A page that must widen it (the consent form, which redirects to the host) sets its own.
+    if !h.contains_key(header::CONTENT_SECURITY_POLICY) {
+        h.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+        );
+    }
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),

@@ -28,8 +28,20 @@ pub const SESSION_COOKIE: &str = "toolgate_session";
 /// Double-submit token of the sign-in form, which has no session yet.
 pub const LOGIN_COOKIE: &str = "toolgate_login";
 pub const FLASH_COOKIE: &str = "toolgate_flash";
-/// Admin pages a `member` may see (signing out only, for now; a member's own page goes here).
-const MEMBER_PAGES: [&str; 1] = ["/admin/logout"];
+/// Routes any signed-in user may post to.
+const EVERY_ROLE_POSTS: [&str; 3] = [
+    "/admin/logout",
+    "/admin/consent",
+    "/admin/authorizations/{id}/revoke",
+];
+/// Admin pages a `member` may see: signing out, letting a host act for them (consent), and
+/// their own host authorizations.
+const MEMBER_PAGES: [&str; 4] = [
+    "/admin/logout",
+    "/admin/consent",
+    "/admin/authorizations",
+    "/admin/authorizations/{id}/revoke",
+];
 /// Largest form body a protected page accepts.
 const MAX_FORM_BYTES: usize = 256 * 1024;
 
@@ -280,8 +292,9 @@ pub async fn require_session(State(state): State<AppState>, req: Request, next: 
             )
             .into_response();
         }
-        // Signing out is the one change every role may make.
-        if path != "/admin/logout"
+        // Changes every role may make to what is their own: signing out, letting a host act
+        // for them, revoking what they let (each handler checks whose it is).
+        if !EVERY_ROLE_POSTS.contains(&path.as_str())
             && let Err(e) = admin.require_edit()
         {
             return e.into_response();

@@ -536,6 +536,7 @@ async fn rule_check_cost(pool: PgPool) {
         agent: "ruled".into(),
         client_id: "c".into(),
         jti: None,
+        person: None,
         prefixes: vec![toolgate::policy::GrantTarget::parse("bench").unwrap()],
     };
     let tool = snapshot.resolve(&principal, "bench__echo").unwrap();

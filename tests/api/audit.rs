@@ -417,7 +417,7 @@ async fn retention_drops_old_partitions_records_them_and_verify_says_so(pool: Pg
 }
 
 /// The database URL of the test's own database.
-async fn db_url(pool: &PgPool) -> String {
+pub(crate) async fn db_url(pool: &PgPool) -> String {
     let db: String = sqlx::query_scalar("SELECT current_database()")
         .fetch_one(pool)
         .await
@@ -438,7 +438,7 @@ async fn cli(pool: &PgPool, args: &[&str]) -> std::process::Output {
 }
 
 /// `toolgate audit verify` on the database: whether it passed, and what it printed.
-async fn verify_db(pool: &PgPool, extra: &[&str]) -> (bool, String) {
+pub(crate) async fn verify_db(pool: &PgPool, extra: &[&str]) -> (bool, String) {
     let mut args = vec!["verify"];
     args.extend_from_slice(extra);
     let out = cli(pool, &args).await;

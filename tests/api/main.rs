@@ -4,6 +4,7 @@ mod accounts;
 mod apps;
 mod arguments;
 mod audit;
+mod authcode;
 mod cli;
 mod credentials;
 mod drain;
