@@ -739,7 +739,7 @@ async fn delete_user(
     State(state): State<AppState>,
     Path(username): Path<String>,
 ) -> ApiResult<StatusCode> {
-    crate::web::users::delete(&state.db, API_ACTOR, &username).await?;
+    crate::web::users::delete(&state, API_ACTOR, &username).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -761,7 +761,7 @@ async fn disable_user(
     State(state): State<AppState>,
     Path(username): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    crate::web::users::set_disabled(&state.db, API_ACTOR, &username, true).await?;
+    crate::web::users::set_disabled(&state, API_ACTOR, &username, true).await?;
     get_user(State(state), Path(username)).await
 }
 
@@ -769,7 +769,7 @@ async fn enable_user(
     State(state): State<AppState>,
     Path(username): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    crate::web::users::set_disabled(&state.db, API_ACTOR, &username, false).await?;
+    crate::web::users::set_disabled(&state, API_ACTOR, &username, false).await?;
     get_user(State(state), Path(username)).await
 }
 

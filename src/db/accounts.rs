@@ -80,7 +80,8 @@ pub async fn lock_enabled_admins(conn: &mut PgConnection) -> sqlx::Result<Vec<St
     .await
 }
 
-/// Disables or enables an account; disabling also ends its sessions. `false` if unknown.
+/// Disables or enables an account; disabling also ends its sessions and revokes what hosts it
+/// authorized may do for it. `false` if unknown.
 pub async fn set_disabled(
     conn: &mut PgConnection,
     actor: &str,
@@ -98,10 +99,14 @@ pub async fn set_disabled(
     .fetch_optional(&mut *conn)
     .await?;
     let Some(id) = id else { return Ok(false) };
-    let ended = if disabled {
-        delete_sessions_of(conn, id).await?
+    let (ended, hosts) = if disabled {
+        (
+            delete_sessions_of(conn, id).await?,
+            super::authorizations::revoke_all_of(conn, actor, username, "the account is disabled")
+                .await?,
+        )
     } else {
-        0
+        (0, 0)
     };
     record_change(
         conn,
@@ -113,7 +118,7 @@ pub async fn set_disabled(
         },
         &format!("admin_user:{username}"),
         None,
-        Some(json!({"disabled": disabled, "sessions_ended": ended})),
+        Some(json!({"disabled": disabled, "sessions_ended": ended, "host_authorizations_revoked": hosts})),
     )
     .await?;
     Ok(true)
@@ -149,7 +154,8 @@ pub async fn set_role(
     Ok(before)
 }
 
-/// Deletes an account (its sessions and reset links go with it); `false` if unknown.
+/// Deletes an account (its sessions and reset links go with it, its host authorizations are
+/// revoked); `false` if unknown.
 pub async fn delete(conn: &mut PgConnection, actor: &str, username: &str) -> sqlx::Result<bool> {
     let role: Option<String> =
         sqlx::query_scalar("DELETE FROM admin_users WHERE username = $1 RETURNING role")
@@ -157,6 +163,7 @@ pub async fn delete(conn: &mut PgConnection, actor: &str, username: &str) -> sql
             .fetch_optional(&mut *conn)
             .await?;
     let Some(role) = role else { return Ok(false) };
+    super::authorizations::revoke_all_of(conn, actor, username, "the account is deleted").await?;
     record_change(
         conn,
         actor,

@@ -538,6 +538,29 @@ pub async fn revoke(
     Ok(true)
 }
 
+/// Revokes every live authorization of a person (their account is disabled or deleted: no
+/// host may go on acting for them). Returns how many were revoked.
+pub async fn revoke_all_of(
+    conn: &mut PgConnection,
+    actor: &str,
+    username: &str,
+    reason: &str,
+) -> sqlx::Result<usize> {
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM oauth_authorizations WHERE username = $1 AND revoked_at IS NULL",
+    )
+    .bind(username)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut revoked = 0;
+    for id in ids {
+        if revoke(conn, actor, id, None, reason).await? {
+            revoked += 1;
+        }
+    }
+    Ok(revoked)
+}
+
 /// Drops codes past their life (used or not) once no replay of them can matter.
 pub async fn prune_codes(pool: &PgPool) -> sqlx::Result<u64> {
     Ok(

@@ -241,15 +241,15 @@ pub async fn act(
     let back = format!("/admin/accounts/{}", urlencode(&username));
     let flash = match action.as_str() {
         "disable" => {
-            users::set_disabled(&state.db, &actor, &username, true).await?;
+            users::set_disabled(&state, &actor, &username, true).await?;
             format!("Account `{username}` disabled; its sessions ended.")
         }
         "enable" => {
-            users::set_disabled(&state.db, &actor, &username, false).await?;
+            users::set_disabled(&state, &actor, &username, false).await?;
             format!("Account `{username}` enabled.")
         }
         "delete" => {
-            users::delete(&state.db, &actor, &username).await?;
+            users::delete(&state, &actor, &username).await?;
             return Ok(session::redirect_with(
                 &state,
                 "/admin/accounts",

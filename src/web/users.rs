@@ -86,12 +86,12 @@ async fn keep_an_admin(conn: &mut sqlx::PgConnection, username: &str) -> Result<
 
 /// Disables (ending its sessions at once) or enables an account.
 pub async fn set_disabled(
-    pool: &sqlx::PgPool,
+    state: &crate::app::AppState,
     actor: &str,
     username: &str,
     disabled: bool,
 ) -> Result<(), ServiceError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = state.db.begin().await?;
     if disabled {
         keep_an_admin(&mut tx, username).await?;
     }
@@ -99,16 +99,30 @@ pub async fn set_disabled(
         return Err(missing(username));
     }
     tx.commit().await?;
+    refresh_hosts(state).await;
     Ok(())
 }
 
-pub async fn delete(pool: &sqlx::PgPool, actor: &str, username: &str) -> Result<(), ServiceError> {
-    let mut tx = pool.begin().await?;
+/// Host tokens of a disabled or deleted person must fail on their next request here, not
+/// only once NOTIFY has reached this instance.
+async fn refresh_hosts(state: &crate::app::AppState) {
+    if let Err(e) = state.reload_policy().await {
+        tracing::warn!(error = %e, "refreshing the policy snapshot failed; NOTIFY will catch up");
+    }
+}
+
+pub async fn delete(
+    state: &crate::app::AppState,
+    actor: &str,
+    username: &str,
+) -> Result<(), ServiceError> {
+    let mut tx = state.db.begin().await?;
     keep_an_admin(&mut tx, username).await?;
     if !db::accounts::delete(&mut tx, actor, username).await? {
         return Err(missing(username));
     }
     tx.commit().await?;
+    refresh_hosts(state).await;
     Ok(())
 }
 

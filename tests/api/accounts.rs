@@ -682,8 +682,8 @@ async fn two_admins_disabling_each_other_at_once_leave_one_enabled(pool: PgPool)
     }
     for _ in 0..10 {
         let (a, b) = tokio::join!(
-            toolgate::web::users::set_disabled(&app.state.db, "admin:grace", "ada", true),
-            toolgate::web::users::set_disabled(&app.state.db, "admin:ada", "grace", true),
+            toolgate::web::users::set_disabled(&app.state, "admin:grace", "ada", true),
+            toolgate::web::users::set_disabled(&app.state, "admin:ada", "grace", true),
         );
         assert!(a.is_ok() != b.is_ok(), "exactly one may pass: {a:?} {b:?}");
         let enabled: i64 = sqlx::query_scalar(

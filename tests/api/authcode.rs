@@ -1057,3 +1057,52 @@ async fn a_member_may_consent_and_manage_their_own_authorizations_only(pool: PgP
     // The rest of the admin pages stay closed to a member.
     assert_eq!(mia.get("/admin/agents").await.status, StatusCode::FORBIDDEN);
 }
+
+/// A person's account disabled or deleted: no host goes on acting for them. Their host
+/// tokens fail on the next request and their refresh tokens are dead.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn disabling_or_deleting_the_person_ends_their_host_tokens(pool: PgPool) {
+    let h = setup(pool).await;
+    let mut alice = Browser::signed_in(&h.app, "alice", "viewer").await;
+    let code = code_for(&h, &mut alice, REDIRECT).await;
+    let t = exchange(&h, &code, VERIFIER, REDIRECT).await;
+    let access = t.body["access_token"].as_str().unwrap().to_owned();
+    assert_eq!(h.app.tool_names(&access).await.len(), 2);
+
+    let r = h
+        .app
+        .admin("POST", "/api/v1/users/alice/disable", None)
+        .await;
+    assert!(r.status.is_success(), "{} {}", r.status, r.text);
+    let r = h.app.mcp(Some(&access), "tools/list", json!({})).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text);
+    assert_eq!(
+        refresh(&h, t.body["refresh_token"].as_str().unwrap())
+            .await
+            .body["error"],
+        "invalid_grant"
+    );
+    // Enabling the account again does not bring the revoked authorization back.
+    let r = h
+        .app
+        .admin("POST", "/api/v1/users/alice/enable", None)
+        .await;
+    assert!(r.status.is_success(), "{} {}", r.status, r.text);
+    let r = h.app.mcp(Some(&access), "tools/list", json!({})).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text);
+
+    let mut alice = Browser::signed_in(&h.app, "alice2", "viewer").await;
+    let r = h
+        .app
+        .admin("PUT", "/api/v1/agents/assistant/users/alice2", None)
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
+    let code = code_for(&h, &mut alice, REDIRECT).await;
+    let t = exchange(&h, &code, VERIFIER, REDIRECT).await;
+    let access = t.body["access_token"].as_str().unwrap().to_owned();
+    assert_eq!(h.app.tool_names(&access).await.len(), 2);
+    let r = h.app.admin("DELETE", "/api/v1/users/alice2", None).await;
+    assert!(r.status.is_success(), "{} {}", r.status, r.text);
+    let r = h.app.mcp(Some(&access), "tools/list", json!({})).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text);
+}
