@@ -445,6 +445,10 @@ async fn main() {
     let _ = throughput(&http, &reference, &list_tok, LIST, 32, 1).await;
     let (ours, ours_lat) = throughput(&http, &ours_url, &list_tok, LIST, 32, o.seconds).await;
     let (refr, ref_lat) = throughput(&http, &reference, &list_tok, LIST, 32, o.seconds).await;
+    // The same list with the audit log off: what the list's audit row costs.
+    let off_tok = token(&http, &base_off, "lister", "g00000").await;
+    let off_url = format!("{base_off}/mcp");
+    let (off, off_lat) = throughput(&http, &off_url, &off_tok, LIST, 32, o.seconds).await;
     figures.push(Figure {
         name: "P1 tools/list, 20 of the pool, 32 connections (req/s)",
         ours: format!(
@@ -457,6 +461,16 @@ async fn main() {
         ),
         ratio: ratio(ours, refr),
         goal: "≥ 0.7×",
+    });
+    figures.push(Figure {
+        name: "P1 (part) the same list with audit off (req/s)",
+        ours: format!(
+            "{off:.0} (p50 {:.2} p99 {:.2} ms)",
+            off_lat.p50, off_lat.p99
+        ),
+        reference: format!("{refr:.0}"),
+        ratio: ratio(off, refr),
+        goal: "-",
     });
 
     // P2: a script tool's call against a bare spawn; the sandboxed spawn alone in between.

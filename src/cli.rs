@@ -509,11 +509,12 @@ async fn decide_tool(
     let pool = db::connect_existing(&db_args.database_url, 2).await?;
     db::migrate(&pool, &db_args.database_url).await?;
     let mut tx = pool.begin().await?;
-    let decided = if approve {
-        db::pins::approve(&mut tx, "cli", name, hash).await?
+    let verdict = if approve {
+        db::pins::Verdict::Approve
     } else {
-        db::pins::reject(&mut tx, "cli", name, hash).await?
+        db::pins::Verdict::Reject
     };
+    let decided = db::pins::decide(&mut tx, "cli", name, hash, verdict).await?;
     tx.commit().await?;
     match decided {
         Some(d) => {

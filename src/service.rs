@@ -567,35 +567,18 @@ fn decided_hash(state: &AppState, name: &str, hash: Option<&str>) -> Result<Opti
     }
 }
 
-/// Approves the held definition of `name`: served on every instance from the next request.
-pub async fn approve_tool(
+/// Approves or rejects the held definition of `name` (see `db::pins::decide`).
+pub async fn decide_tool(
     state: &AppState,
     actor: &str,
     name: &str,
     hash: Option<&str>,
+    verdict: db::pins::Verdict,
 ) -> Result<db::pins::Decision> {
     let name = parse_tool_name(name)?;
     let hash = decided_hash(state, name.as_str(), hash)?;
     let mut tx = state.db.begin().await?;
-    let decided = db::pins::approve(&mut tx, actor, name.as_str(), hash.as_deref())
-        .await?
-        .ok_or_else(|| ServiceError::NotFound(format!("a held definition of tool `{name}`")))?;
-    tx.commit().await?;
-    refresh(state).await;
-    Ok(decided)
-}
-
-/// Rejects the held definition of `name`: it stays held, marked rejected.
-pub async fn reject_tool(
-    state: &AppState,
-    actor: &str,
-    name: &str,
-    hash: Option<&str>,
-) -> Result<db::pins::Decision> {
-    let name = parse_tool_name(name)?;
-    let hash = decided_hash(state, name.as_str(), hash)?;
-    let mut tx = state.db.begin().await?;
-    let decided = db::pins::reject(&mut tx, actor, name.as_str(), hash.as_deref())
+    let decided = db::pins::decide(&mut tx, actor, name.as_str(), hash.as_deref(), verdict)
         .await?
         .ok_or_else(|| ServiceError::NotFound(format!("a held definition of tool `{name}`")))?;
     tx.commit().await?;

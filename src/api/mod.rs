@@ -499,7 +499,14 @@ async fn approve_tool(
     body: axum::body::Bytes,
 ) -> ApiResult<Json<Value>> {
     let body = decision_body(&body)?;
-    let d = service::approve_tool(&state, API_ACTOR, &name, body.hash.as_deref()).await?;
+    let d = service::decide_tool(
+        &state,
+        API_ACTOR,
+        &name,
+        body.hash.as_deref(),
+        crate::db::pins::Verdict::Approve,
+    )
+    .await?;
     Ok(Json(json!({"approved": d})))
 }
 
@@ -509,7 +516,14 @@ async fn reject_tool(
     body: axum::body::Bytes,
 ) -> ApiResult<Json<Value>> {
     let body = decision_body(&body)?;
-    let d = service::reject_tool(&state, API_ACTOR, &name, body.hash.as_deref()).await?;
+    let d = service::decide_tool(
+        &state,
+        API_ACTOR,
+        &name,
+        body.hash.as_deref(),
+        crate::db::pins::Verdict::Reject,
+    )
+    .await?;
     Ok(Json(json!({"rejected": d})))
 }
 

@@ -365,17 +365,29 @@ async fn pending_row(
     .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))))
 }
 
-/// Approves the pending definition of `name` with `hash` (by default its newest): it becomes
-/// the one served, on every instance, and it and the older pending rows it supersedes go.
-/// `None` if there is no such pending definition.
-pub async fn approve(
+/// What an admin decides about a held definition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The definition becomes the approved one and is served again.
+    Approve,
+    /// It stays held, shown as rejected.
+    Reject,
+}
+
+/// Decides the pending definition of `name` with `hash` (by default its newest; for a
+/// rejection, its newest not yet rejected). Approved, it becomes the one served, on every
+/// instance, and it and the older pending rows it supersedes go; rejected, it stays held,
+/// shown as rejected. `None` if there is no such pending definition.
+pub async fn decide(
     conn: &mut PgConnection,
     actor: &str,
     name: &str,
     hash: Option<&str>,
+    verdict: Verdict,
 ) -> sqlx::Result<Option<Decision>> {
     lock(conn).await?;
-    let Some((hash, group, definition, first_seen)) = pending_row(conn, name, hash, false).await?
+    let Some((hash, group, definition, first_seen)) =
+        pending_row(conn, name, hash, verdict == Verdict::Reject).await?
     else {
         return Ok(None);
     };
@@ -384,63 +396,36 @@ pub async fn approve(
             .bind(name)
             .fetch_optional(&mut *conn)
             .await?;
-    upsert_approval(conn, name, &group, &hash, &definition, actor).await?;
-    sqlx::query("DELETE FROM tool_pending WHERE name = $1 AND first_seen <= $2")
-        .bind(name)
-        .bind(first_seen)
-        .execute(&mut *conn)
-        .await?;
-    audit(
-        conn,
-        EventKind::ToolDefinitionApproved,
-        name,
-        Some(actor),
-        json!({"group": group, "hash": hash, "previous_hash": previous}),
-    )
-    .await?;
-    Ok(Some(Decision {
-        name: name.to_owned(),
-        group,
-        hash,
-        previous_hash: previous,
-        by: actor.to_owned(),
-    }))
-}
-
-/// Rejects the pending definition of `name` with `hash` (by default its newest not yet
-/// rejected): it stays held, shown as rejected. `None` if there is no such definition.
-pub async fn reject(
-    conn: &mut PgConnection,
-    actor: &str,
-    name: &str,
-    hash: Option<&str>,
-) -> sqlx::Result<Option<Decision>> {
-    lock(conn).await?;
-    let Some((hash, group, _, _)) = pending_row(conn, name, hash, true).await? else {
-        return Ok(None);
-    };
-    let previous: Option<String> =
-        sqlx::query_scalar("SELECT content_hash FROM tool_approvals WHERE name = $1")
+    let (kind, details) = match verdict {
+        Verdict::Approve => {
+            upsert_approval(conn, name, &group, &hash, &definition, actor).await?;
+            sqlx::query("DELETE FROM tool_pending WHERE name = $1 AND first_seen <= $2")
+                .bind(name)
+                .bind(first_seen)
+                .execute(&mut *conn)
+                .await?;
+            (
+                EventKind::ToolDefinitionApproved,
+                json!({"group": group, "hash": hash, "previous_hash": previous}),
+            )
+        }
+        Verdict::Reject => {
+            sqlx::query(
+                "UPDATE tool_pending SET rejected_by = $3, rejected_at = now()
+                 WHERE name = $1 AND content_hash = $2",
+            )
             .bind(name)
-            .fetch_optional(&mut *conn)
+            .bind(&hash)
+            .bind(actor)
+            .execute(&mut *conn)
             .await?;
-    sqlx::query(
-        "UPDATE tool_pending SET rejected_by = $3, rejected_at = now()
-         WHERE name = $1 AND content_hash = $2",
-    )
-    .bind(name)
-    .bind(&hash)
-    .bind(actor)
-    .execute(&mut *conn)
-    .await?;
-    audit(
-        conn,
-        EventKind::ToolDefinitionRejected,
-        name,
-        Some(actor),
-        json!({"group": group, "hash": hash, "approved_hash": previous}),
-    )
-    .await?;
+            (
+                EventKind::ToolDefinitionRejected,
+                json!({"group": group, "hash": hash, "approved_hash": previous}),
+            )
+        }
+    };
+    audit(conn, kind, name, Some(actor), details).await?;
     Ok(Some(Decision {
         name: name.to_owned(),
         group,

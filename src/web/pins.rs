@@ -100,7 +100,14 @@ pub async fn approve(
     ctx: Ctx,
     Form(form): Form<DecisionForm>,
 ) -> Result<Response, WebError> {
-    let d = service::approve_tool(&state, &ctx.admin.actor(), &form.name, Some(&form.hash)).await?;
+    let d = service::decide_tool(
+        &state,
+        &ctx.admin.actor(),
+        &form.name,
+        Some(&form.hash),
+        crate::db::pins::Verdict::Approve,
+    )
+    .await?;
     Ok(redirect_with(
         &state,
         "/admin/tools/pending",
@@ -116,7 +123,14 @@ pub async fn reject(
     ctx: Ctx,
     Form(form): Form<DecisionForm>,
 ) -> Result<Response, WebError> {
-    let d = service::reject_tool(&state, &ctx.admin.actor(), &form.name, Some(&form.hash)).await?;
+    let d = service::decide_tool(
+        &state,
+        &ctx.admin.actor(),
+        &form.name,
+        Some(&form.hash),
+        crate::db::pins::Verdict::Reject,
+    )
+    .await?;
     Ok(redirect_with(
         &state,
         "/admin/tools/pending",
