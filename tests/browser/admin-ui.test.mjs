@@ -14,38 +14,14 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
+import { bin, chromiumArgs, chromiumPath, cleanEnv, freePort, pgBase, root, shots, waitReady } from "./common.mjs";
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
-const bin = process.env.TOOLGATE_BIN || path.join(root, "target/debug/toolgate");
-const pgBase = process.env.PG_BASE || "postgres://root@127.0.0.1:5432";
-const chromiumPath = process.env.CHROMIUM || "/usr/bin/chromium";
-const shots = path.resolve(process.env.SCREENSHOT_DIR || path.join(root, "target/browser-screenshots"));
 const database = `toolgate_browser_${process.pid}_${Date.now()}`;
 const databaseUrl = `${pgBase}/${database}`;
 const password = "a long admin password for the browser test";
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-// Every toolgate flag also reads a TOOLGATE_* variable: none may leak in.
-function cleanEnv() {
-  const env = { ...process.env };
-  for (const k of Object.keys(env)) if (k.startsWith("TOOLGATE_")) delete env[k];
-  return env;
-}
 
 function policiesDir() {
   // The assistant starts with the `text` group only, so that adding `search` visibly changes
@@ -67,20 +43,6 @@ function toolsDir() {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-tools-"));
   fs.cpSync(path.join(root, "tools"), dir, { recursive: true });
   return dir;
-}
-
-async function waitReady(url, server, log) {
-  for (let i = 0; i < 240; i++) {
-    if (server.exitCode !== null) throw new Error(`toolgate exited early:\n${fs.readFileSync(log, "utf8")}`);
-    try {
-      const r = await fetch(`${url}/readyz`);
-      if (r.ok) return;
-    } catch {
-      // not listening yet
-    }
-    await new Promise((r) => setTimeout(r, 250));
-  }
-  throw new Error(`toolgate was not ready after 60 s:\n${fs.readFileSync(log, "utf8")}`);
 }
 
 test("an admin fixes a typo grant in the browser and exports the audit log", { timeout: 180_000 }, async (t) => {
@@ -121,8 +83,7 @@ test("an admin fixes a typo grant in the browser and exports the audit log", { t
     headless: true,
     viewport: { width: 1360, height: 900 },
     acceptDownloads: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    args: chromiumArgs,
   });
   t.after(() => fs.rmSync(profile, { recursive: true, force: true }));
   const page = context.pages()[0] || (await context.newPage());

@@ -20,41 +20,18 @@ import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
+import { bin, chromiumArgs, chromiumPath, cleanEnv, freePort, pgBase, root, shots, waitReady } from "./common.mjs";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { UnauthorizedError } from "@modelcontextprotocol/sdk/client/auth.js";
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
-const bin = process.env.TOOLGATE_BIN || path.join(root, "target/debug/toolgate");
-const pgBase = process.env.PG_BASE || "postgres://root@127.0.0.1:5432";
-const chromiumPath = process.env.CHROMIUM || "/usr/bin/chromium";
-const shots = path.resolve(process.env.SCREENSHOT_DIR || path.join(root, "target/browser-screenshots"));
 const database = `toolgate_oauth_host_${process.pid}_${Date.now()}`;
 const databaseUrl = `${pgBase}/${database}`;
 const password = "a long password for the person signing in";
 const adminToken = "oauth-host-test-admin-token";
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-function cleanEnv() {
-  const env = { ...process.env };
-  for (const k of Object.keys(env)) if (k.startsWith("TOOLGATE_")) delete env[k];
-  return env;
-}
 
 function policiesDir() {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-policies-"));
@@ -65,20 +42,6 @@ function policiesDir() {
   agent("assistant", "---\ndescription: Answers from the team's notes.\ntools: [search]\nusers: [alice]\n---\n");
   agent("meteo", "---\ndescription: Weather.\ntools: [weather]\n---\n");
   return dir;
-}
-
-async function waitReady(url, server, log) {
-  for (let i = 0; i < 240; i++) {
-    if (server.exitCode !== null) throw new Error(`toolgate exited early:\n${fs.readFileSync(log, "utf8")}`);
-    try {
-      const r = await fetch(`${url}/readyz`);
-      if (r.ok) return;
-    } catch {
-      // not listening yet
-    }
-    await new Promise((r) => setTimeout(r, 250));
-  }
-  throw new Error(`toolgate was not ready after 60 s:\n${fs.readFileSync(log, "utf8")}`);
 }
 
 /// The host's loopback listener: resolves with the query of the first /callback request.
@@ -185,8 +148,7 @@ test("a host signs alice in as the assistant through the official SDK and a real
     executablePath: chromiumPath,
     headless: true,
     viewport: { width: 1100, height: 900 },
-    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    args: chromiumArgs,
   });
   const page = context.pages()[0] || (await context.newPage());
   const problems = [];

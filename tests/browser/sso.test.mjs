@@ -15,38 +15,15 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import readline from "node:readline";
-import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
+import { bin, chromiumArgs, chromiumPath, cleanEnv, freePort, pgBase, root, shots, waitReady } from "./common.mjs";
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
-const bin = process.env.TOOLGATE_BIN || path.join(root, "target/debug/toolgate");
-const pgBase = process.env.PG_BASE || "postgres://root@127.0.0.1:5432";
-const chromiumPath = process.env.CHROMIUM || "/usr/bin/chromium";
-const shots = path.resolve(process.env.SCREENSHOT_DIR || path.join(root, "target/browser-screenshots"));
 const database = `toolgate_sso_${process.pid}_${Date.now()}`;
 const databaseUrl = `${pgBase}/${database}`;
 const clientSecret = "toolgate-test-secret";
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-function cleanEnv() {
-  const env = { ...process.env };
-  for (const k of Object.keys(env)) if (k.startsWith("TOOLGATE_")) delete env[k];
-  return env;
-}
 
 /// Resolves with op.mjs's first stdout line (it prints it once it listens).
 function startProvider(port, redirectUri, log) {
@@ -61,20 +38,6 @@ function startProvider(port, redirectUri, log) {
     readline.createInterface({ input: op.stdout }).once("line", (line) => resolve(JSON.parse(line)));
   });
   return { op, ready };
-}
-
-async function waitReady(url, server, log) {
-  for (let i = 0; i < 240; i++) {
-    if (server.exitCode !== null) throw new Error(`toolgate exited early:\n${fs.readFileSync(log, "utf8")}`);
-    try {
-      const r = await fetch(`${url}/readyz`);
-      if (r.ok) return;
-    } catch {
-      // not listening yet
-    }
-    await new Promise((r) => setTimeout(r, 250));
-  }
-  throw new Error(`toolgate was not ready after 60 s:\n${fs.readFileSync(log, "utf8")}`);
 }
 
 test("admins sign in through an OpenID Provider, roles come from groups", { timeout: 180_000 }, async (t) => {
@@ -111,8 +74,7 @@ test("admins sign in through an OpenID Provider, roles come from groups", { time
   const browser = await chromium.launch({
     executablePath: chromiumPath,
     headless: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    args: chromiumArgs,
   });
   t.after(() => browser.close());
   const dialogs = [];
