@@ -31,6 +31,8 @@ pub struct Settings {
     pub admin_token: Option<String>,
     pub token_ttl: Duration,
     pub page_size: usize,
+    /// `tools/list` answered before the SDK when the request allows (`mcp::list`).
+    pub mcp_fast_list: bool,
     /// Tokens of tool definitions up to which `discovery: auto` lists in full.
     pub search_token_budget: usize,
     pub allowed_hosts: Vec<String>,
@@ -104,6 +106,7 @@ impl Settings {
             admin_token: args.admin_token.clone().filter(|t| !t.is_empty()),
             token_ttl: Duration::from_secs(args.token_ttl_secs.clamp(30, 86_400)),
             page_size: args.page_size.clamp(1, 1000),
+            mcp_fast_list: args.mcp_fast_list == crate::config::OnOff::On,
             search_token_budget: args.search_token_budget,
             allowed_hosts,
             allowed_origins,

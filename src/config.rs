@@ -234,6 +234,10 @@ pub struct ServeArgs {
     /// Page size of tools/list.
     #[arg(long, env = "TOOLGATE_PAGE_SIZE", default_value_t = 100)]
     pub page_size: usize,
+    /// Answer plain `tools/list` requests from the tools' serialized definitions, before the
+    /// MCP SDK (the same bytes, faster); `off` sends every request through the SDK.
+    #[arg(long, env = "TOOLGATE_MCP_FAST_LIST", value_enum, default_value = "on")]
+    pub mcp_fast_list: OnOff,
     /// `discovery: auto` agents get their tools in full up to this many tokens of definitions,
     /// and the search meta-tools above it.
     #[arg(long, env = "TOOLGATE_SEARCH_TOKEN_BUDGET", default_value_t = crate::search::DEFAULT_TOKEN_BUDGET)]

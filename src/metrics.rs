@@ -21,6 +21,8 @@ pub struct Metrics {
     pub tools_held: IntGauge,
     /// Rate-limit checks the shared store (Redis) failed to answer in time.
     pub rate_limit_store_errors: IntCounter,
+    /// `tools/list` requests answered before the SDK, from serialized definitions.
+    pub mcp_fast_lists: IntCounter,
 }
 
 impl Metrics {
@@ -73,6 +75,11 @@ impl Metrics {
             "Rate-limit checks the shared store failed to answer in time",
         )
         .unwrap_or_else(|_| unreachable_metric());
+        let mcp_fast_lists = IntCounter::new(
+            "mcp_fast_lists_total",
+            "tools/list requests answered from serialized definitions, before the MCP SDK",
+        )
+        .unwrap_or_else(|_| unreachable_metric());
         for c in [
             Box::new(http_requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(http_latency.clone()),
@@ -84,6 +91,7 @@ impl Metrics {
             Box::new(argument_rule_problems.clone()),
             Box::new(tools_held.clone()),
             Box::new(rate_limit_store_errors.clone()),
+            Box::new(mcp_fast_lists.clone()),
         ] {
             let _ = registry.register(c);
         }
@@ -99,6 +107,7 @@ impl Metrics {
             argument_rule_problems,
             tools_held,
             rate_limit_store_errors,
+            mcp_fast_lists,
         }
     }
 

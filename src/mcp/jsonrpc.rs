@@ -9,14 +9,16 @@
 //! microseconds for a tool call).
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::MAX_REQUEST_BYTES;
+use crate::app::AppState;
 
 pub const PARSE_ERROR: i32 = -32700;
 pub const INVALID_REQUEST: i32 = -32600;
@@ -26,7 +28,7 @@ pub const INVALID_PARAMS: i32 = -32602;
 /// JSON-RPC error in a 200.
 const FIRST_MODERN: &str = "2026-01-01";
 
-pub async fn guard(req: Request, next: Next) -> Response {
+pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if req.method() != Method::POST || !is_json(req.headers()) {
         return next.run(req).await;
     }
@@ -43,33 +45,41 @@ pub async fn guard(req: Request, next: Next) -> Response {
     let Ok(bytes) = axum::body::to_bytes(body, MAX_REQUEST_BYTES).await else {
         return too_large();
     };
-    if let Some((status, body)) = check(&bytes, modern) {
-        return (status, axum::Json(body)).into_response();
+    let message = match parse(&bytes, modern) {
+        Err((status, body)) => return (status, axum::Json(body)).into_response(),
+        Ok(message) => message,
+    };
+    if let Some(message) = &message
+        && let Some(answer) = super::list::answer(&state, &parts, message).await
+    {
+        return answer;
     }
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
 }
 
-/// Why `body` is not a message the SDK will dispatch correctly, as the answer to give; `None`
-/// for a well-formed message. One typed parse: a standard method whose params do not fit its
-/// type deserializes as a *custom* request (then answered "method not found"), so that case
-/// is caught here too.
-pub fn check(body: &[u8], modern: bool) -> Option<(StatusCode, Value)> {
-    use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage};
+/// The message in `body`, or the answer to give when it is not one the SDK will dispatch
+/// correctly. One typed parse: a standard method whose params do not fit its type
+/// deserializes as a *custom* request (then answered "method not found"), so that case is
+/// caught here too. `Ok(None)`: nothing better to say than the SDK will.
+fn parse(body: &[u8], modern: bool) -> Result<Option<ClientJsonRpcMessage>, (StatusCode, Value)> {
+    let refuse = |answer: Option<(StatusCode, Value)>| answer.map_or(Ok(None), Err);
     match serde_json::from_slice::<ClientJsonRpcMessage>(body) {
-        Err(_) => classify(body, modern),
+        Err(_) => refuse(classify(body, modern)),
         Ok(JsonRpcMessage::Request(r)) => match &r.request {
             // `initialize` is a removed method in the modern revision: the SDK answers it
             // (404 / -32601) as the spec says.
             ClientRequest::CustomRequest(c)
                 if c.method == "initialize" && (modern || has_modern_meta(c.params.as_ref())) =>
             {
-                None
+                Ok(Some(JsonRpcMessage::Request(r)))
             }
-            ClientRequest::CustomRequest(c) if is_standard(&c.method) => classify(body, modern),
-            _ => None,
+            ClientRequest::CustomRequest(c) if is_standard(&c.method) => {
+                refuse(classify(body, modern))
+            }
+            _ => Ok(Some(JsonRpcMessage::Request(r))),
         },
-        Ok(_) => None,
+        Ok(m) => Ok(Some(m)),
     }
 }
 

@@ -20,11 +20,12 @@ use serde_json::{Value, json};
 use crate::app::AppState;
 use crate::audit::{EventKind, Outcome, RequestOrigin};
 use crate::gate::{Gate, Refused, Surface};
-use crate::policy::snapshot::{Discovery, Principal};
+use crate::policy::snapshot::Principal;
 use crate::search;
 
 pub mod apps;
 mod jsonrpc;
+mod list;
 
 /// Largest JSON-RPC request body accepted on `/mcp`.
 const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
@@ -54,7 +55,10 @@ pub fn router(state: AppState) -> Router<AppState> {
     Router::new()
         .nest_service("/mcp", service)
         // Inside authentication: a stranger learns nothing from how a body is malformed.
-        .layer(axum::middleware::from_fn(jsonrpc::guard))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            jsonrpc::guard,
+        ))
         .layer(axum::middleware::from_fn(with_caller))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -177,36 +181,9 @@ impl ServerHandler for Gateway {
     ) -> Result<ListToolsResult, McpError> {
         let (principal, origin) = caller(&ctx)?;
         let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
-        gate.admit(EventKind::ToolsList).await.map_err(refused)?;
-        let visible = gate.visible();
-        let after = match request.and_then(|r| r.cursor).filter(|c| !c.is_empty()) {
-            Some(c) => Some(decode_cursor(&c)?),
-            None => None,
-        };
-        let page_size = self.state.settings.page_size;
-        let discovery = gate.discovery();
-        let (tools, more) = if discovery == Discovery::Search {
-            let listed = search::search_listing(gate.pinned(), &visible);
-            let (p, more) = page(&listed, |t| &t.name, after.as_deref(), page_size);
-            (p.to_vec(), more)
-        } else {
-            let (p, more) = page(&visible, |t| t.name.as_str(), after.as_deref(), page_size);
-            (p.iter().map(|t| t.mcp_definition()).collect(), more)
-        };
-        let shown: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
-        let mut result = ListToolsResult::with_all_items(tools)
-            // Filtered per token, and a revoked grant must vanish on the next request.
-            .with_ttl_ms(0)
-            .with_cache_scope(CacheScope::Private);
-        if more && let Some(last) = shown.last() {
-            result.next_cursor = Some(encode_cursor(last));
-        }
-        gate.disclosed(
-            EventKind::ToolsList,
-            Outcome::Success,
-            json!({"shown": shown, "discovery": discovery.as_str()}),
-        );
-        Ok(result)
+        let cursor = request.and_then(|r| r.cursor);
+        let listing = list::listing(&self.state, &gate, cursor.as_deref()).await?;
+        Ok(listing.into_result())
     }
 
     fn get_tool(&self, name: &str) -> Option<rmcp::model::Tool> {

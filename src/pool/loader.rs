@@ -408,6 +408,7 @@ pub fn load_group(
                 audit: audit.clone(),
                 annotations: None,
                 narrowing: None,
+                listed: Default::default(),
             }));
         }
     }

@@ -148,6 +148,22 @@ pub struct Tool {
     pub meta: Option<rmcp::model::MetaObject>,
     /// The argument rules of the agent whose copy this is; `None` in the pool itself.
     pub narrowing: Option<Arc<Narrowing>>,
+    /// This tool's `tools/list` entry, serialized on first list.
+    pub listed: ListedJson,
+}
+
+/// A tool's `tools/list` entry as JSON text, serialized the first time the tool is listed and
+/// then copied into every list that shows it: a list costs what its agent sees, in bytes
+/// copied, not a serialization of each schema per request. Only tools that are listed pay for
+/// it. A clone starts empty, because a clone is how an agent's narrowed copy is made, and its
+/// definition differs from the pool's.
+#[derive(Debug, Default)]
+pub struct ListedJson(std::sync::OnceLock<Box<str>>);
+
+impl Clone for ListedJson {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
 }
 
 /// The argument rules that apply to one agent's calls of one tool, compiled.
@@ -221,6 +237,17 @@ impl Tool {
         tool.annotations = self.annotations.clone();
         tool.meta = self.meta.clone();
         tool
+    }
+
+    /// [`Self::mcp_definition`] serialized as the SDK serializes it inside a `tools/list`
+    /// result (the definition carries no `outputSchema`, the one field the SDK rewrites for
+    /// older protocol revisions, so one text serves both eras).
+    pub fn mcp_json(&self) -> &str {
+        self.listed.0.get_or_init(|| {
+            serde_json::to_string(&self.mcp_definition())
+                .expect("a tool definition is JSON values and strings")
+                .into_boxed_str()
+        })
     }
 
     /// The `ui://` resource of this tool's MCP App, if it has one.

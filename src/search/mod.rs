@@ -133,18 +133,51 @@ pub fn meta_tool(name: &str) -> Option<&'static rmcp::model::Tool> {
     META_TOOLS.iter().find(|t| t.name == name)
 }
 
+/// One entry of a `tools/list`: a tool of the pool (or the agent's narrowed copy), or one of
+/// the meta-tools.
+#[derive(Debug, Clone)]
+pub enum Listed {
+    Meta(&'static rmcp::model::Tool),
+    Tool(Arc<Tool>),
+}
+
+impl Listed {
+    pub fn name(&self) -> &str {
+        match self {
+            Listed::Meta(t) => &t.name,
+            Listed::Tool(t) => t.name.as_str(),
+        }
+    }
+
+    /// The entry as the SDK's type.
+    pub fn definition(&self) -> rmcp::model::Tool {
+        match self {
+            Listed::Meta(t) => (*t).clone(),
+            Listed::Tool(t) => t.mcp_definition(),
+        }
+    }
+}
+
 /// The search-mode `tools/list`: the meta-tools, plus the pinned tools among `visible`, all in
 /// name order (so that one cursor scheme pages both modes).
-pub fn search_listing(pinned: &[String], visible: &[Arc<Tool>]) -> Vec<rmcp::model::Tool> {
-    let mut listed: Vec<rmcp::model::Tool> = meta_tools().to_vec();
+pub fn search_entries(pinned: &[String], visible: &[Arc<Tool>]) -> Vec<Listed> {
+    let mut listed: Vec<Listed> = meta_tools().iter().map(Listed::Meta).collect();
     listed.extend(
         visible
             .iter()
             .filter(|t| pinned.iter().any(|p| p == t.name.as_str()))
-            .map(|t| t.mcp_definition()),
+            .map(|t| Listed::Tool(t.clone())),
     );
-    listed.sort_by(|a, b| a.name.cmp(&b.name));
+    listed.sort_by(|a, b| a.name().cmp(b.name()));
     listed
+}
+
+/// [`search_entries`] as the SDK's types.
+pub fn search_listing(pinned: &[String], visible: &[Arc<Tool>]) -> Vec<rmcp::model::Tool> {
+    search_entries(pinned, visible)
+        .iter()
+        .map(Listed::definition)
+        .collect()
 }
 
 /// `auto` resolved: `Full` while the visible tools' definitions cost at most `budget` tokens.
@@ -365,6 +398,7 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
             validator: Arc::new(validator),
             ui: None,
             narrowing: None,
+            listed: Default::default(),
             audit: Arc::default(),
             annotations: def.annotations.clone(),
             meta: def.meta.clone(),

@@ -474,6 +474,7 @@ fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
         validator: Arc::new(validator),
         ui: None,
         narrowing: None,
+        listed: Default::default(),
         audit: Arc::new(crate::audit::AuditPolicy::default()),
         annotations: t.annotations.clone(),
         meta: t.meta.clone().map(|m| rewrite_ui_meta(group, m)),

@@ -9,6 +9,7 @@ mod cli;
 mod credentials;
 mod drain;
 mod durability;
+mod fast_list;
 mod helpers;
 mod limits;
 mod mcp;
