@@ -112,8 +112,8 @@ struct Figure {
     goal: &'static str,
 }
 
-async fn app(url: &str, tools: &Path, audited: bool) -> (AppState, String) {
-    let args = [
+async fn app(url: &str, tools: &Path, audited: bool, extra: &[&str]) -> (AppState, String) {
+    let mut args = vec![
         "toolgate",
         "serve",
         "--tools-dir",
@@ -123,6 +123,7 @@ async fn app(url: &str, tools: &Path, audited: bool) -> (AppState, String) {
         "--bind",
         "127.0.0.1:0",
     ];
+    args.extend_from_slice(extra);
     let Command::Serve(serve) = Cli::parse_from(args).command else {
         unreachable!()
     };
@@ -434,8 +435,9 @@ async fn main() {
         o.samples
     );
 
-    let (state, base) = app(&url, &tools, true).await;
-    let (_plain, base_off) = app(&url, &tools, false).await;
+    let (state, base) = app(&url, &tools, true, &[]).await;
+    let (_plain, base_off) = app(&url, &tools, false, &[]).await;
+    let (_sdk, base_sdk) = app(&url, &tools, true, &["--mcp-fast-list", "off"]).await;
 
     // P1: the agent `lister` sees one group of 20 tools of the pool.
     let list_tok = token(&http, &base, "lister", "g00000").await;
@@ -449,6 +451,14 @@ async fn main() {
     let off_tok = token(&http, &base_off, "lister", "g00000").await;
     let off_url = format!("{base_off}/mcp");
     let (off, off_lat) = throughput(&http, &off_url, &off_tok, LIST, 32, o.seconds).await;
+    // The same list through the SDK's dispatch and typed serialization: what the fast path saves.
+    let sdk_tok = token(&http, &base_sdk, "lister", "g00000").await;
+    let sdk_url = format!("{base_sdk}/mcp");
+    let (sdk, sdk_lat) = throughput(&http, &sdk_url, &sdk_tok, LIST, 32, o.seconds).await;
+    assert!(
+        state.metrics.mcp_fast_lists.get() > 0,
+        "the lists were not answered by the fast path"
+    );
     figures.push(Figure {
         name: "P1 tools/list, 20 of the pool, 32 connections (req/s)",
         ours: format!(
@@ -470,6 +480,16 @@ async fn main() {
         ),
         reference: format!("{refr:.0}"),
         ratio: ratio(off, refr),
+        goal: "-",
+    });
+    figures.push(Figure {
+        name: "P1 (part) the same list through the SDK, --mcp-fast-list off (req/s)",
+        ours: format!(
+            "{sdk:.0} (p50 {:.2} p99 {:.2} ms)",
+            sdk_lat.p50, sdk_lat.p99
+        ),
+        reference: format!("{refr:.0}"),
+        ratio: ratio(sdk, refr),
         goal: "-",
     });
 

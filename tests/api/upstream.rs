@@ -52,10 +52,10 @@ pub fn everything_entry() -> PathBuf {
 }
 
 async fn wait_for_tools(app: &TestApp, token: &str, group: &str) -> Vec<String> {
-    // Up to 60 s: on a 2-core machine running the whole suite, starting the reference server
-    // with node, its first listing and the first-use approval of a pinned upstream group can
-    // take tens of seconds.
-    for _ in 0..300 {
+    // Up to 120 s: on a 2-core machine running the whole suite beside other builds, starting
+    // the reference server with node, its first listing and the first-use approval of a
+    // pinned upstream group have taken over a minute.
+    for _ in 0..600 {
         let names: Vec<String> = app
             .tool_names(token)
             .await
