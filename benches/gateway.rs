@@ -674,12 +674,11 @@ async fn proxied_vs_direct(
     let tok = token(http, base, "proxied", "everything").await;
     let mut listed = false;
     for _ in 0..600 {
-        if state
-            .policy
-            .load()
-            .catalog
-            .get("everything__echo")
-            .is_some()
+        // In the catalog, and no longer held: an upstream group is pinned, and its first
+        // definitions are approved on first use, a moment after they arrive.
+        let snapshot = state.policy.load();
+        if snapshot.catalog.get("everything__echo").is_some()
+            && !snapshot.is_held("everything__echo")
         {
             listed = true;
             break;
