@@ -472,34 +472,58 @@ pub fn router(state: AppState) -> Router {
 /// Keeps the snapshot in step with Postgres: LISTEN for changes, and re-read everything after
 /// each reconnect (a notification sent while disconnected is otherwise lost).
 pub fn spawn_policy_listener(state: AppState) {
+    spawn_listener(state, None);
+}
+
+/// A connection LISTENing on the policy channel.
+async fn listen(state: &AppState) -> Result<sqlx::postgres::PgListener, String> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(&state.db)
+        .await
+        .map_err(|e| format!("policy listener cannot connect: {e}"))?;
+    listener
+        .listen("toolgate_policy")
+        .await
+        .map_err(|e| format!("LISTEN failed: {e}"))?;
+    Ok(listener)
+}
+
+/// [`spawn_policy_listener`], starting from `first` when the caller has already LISTENed and
+/// then read the policy (at start-up: a snapshot of 10,000 agents is not built twice).
+fn spawn_listener(state: AppState, first: Option<sqlx::postgres::PgListener>) {
     tokio::spawn(async move {
+        let mut first = first;
         loop {
-            match sqlx::postgres::PgListener::connect_with(&state.db).await {
-                Ok(mut listener) => {
-                    if let Err(e) = listener.listen("toolgate_policy").await {
-                        tracing::warn!(error = %e, "LISTEN failed");
-                    } else {
+            let listener = match first.take() {
+                Some(listener) => Some(listener),
+                None => match listen(&state).await {
+                    Ok(listener) => {
                         if let Err(e) = state.reload_policy().await {
                             tracing::warn!(error = %e, "policy reload failed");
                         }
-                        loop {
-                            match listener.recv().await {
-                                Ok(_) => {
-                                    // Coalesce a burst of notifications into one reload.
-                                    while listener.next_buffered().is_some() {}
-                                    if let Err(e) = state.reload_policy().await {
-                                        tracing::warn!(error = %e, "policy reload failed");
-                                    }
-                                }
-                                Err(e) => {
-                                    tracing::warn!(error = %e, "policy listener lost its connection");
-                                    break;
-                                }
+                        Some(listener)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "policy listener");
+                        None
+                    }
+                },
+            };
+            if let Some(mut listener) = listener {
+                loop {
+                    match listener.recv().await {
+                        Ok(_) => {
+                            // Coalesce a burst of notifications into one reload.
+                            while listener.next_buffered().is_some() {}
+                            if let Err(e) = state.reload_policy().await {
+                                tracing::warn!(error = %e, "policy reload failed");
                             }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "policy listener lost its connection");
+                            break;
                         }
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "policy listener cannot connect"),
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
@@ -519,8 +543,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     db::migrate(&pool, &args.db.database_url).await?;
     crate::oauth::ensure_signing_key(&pool).await?;
     let mut first_load = None;
+    // Start-up stages are timed at `info`: what a large pool costs to start is read here.
+    let started = std::time::Instant::now();
     if db::policy::is_empty(&pool).await? && args.policies_dir.is_dir() {
         let catalog = first_load.insert(load_pool(&settings.tools_dir, None, &settings.loader));
+        tracing::info!(
+            tools = catalog.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "start-up: tool pool read"
+        );
         match crate::policy::files::apply_dir(
             &pool,
             &args.policies_dir,
@@ -541,13 +572,27 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let state = AppState::new(settings.clone(), pool);
+    tracing::info!(
+        ms = started.elapsed().as_millis() as u64,
+        "start-up: policies applied"
+    );
     let n = match first_load {
         Some(catalog) => state.install_pool(catalog),
         None => state.reload_pool(),
     };
-    tracing::info!(tools = n, dir = %settings.tools_dir.display(), "tool pool loaded");
+    tracing::info!(tools = n, dir = %settings.tools_dir.display(), ms = started.elapsed().as_millis() as u64, "tool pool loaded");
+    // LISTEN before the policy is read, so that a change committed after the read is
+    // notified, and the listener need not read it again.
+    let listener = listen(&state)
+        .await
+        .map_err(|e| tracing::warn!(error = %e, "policy listener"))
+        .ok();
     state.reload_policy().await?;
-    spawn_policy_listener(state.clone());
+    tracing::info!(
+        ms = started.elapsed().as_millis() as u64,
+        "start-up: policy snapshot built"
+    );
+    spawn_listener(state.clone(), listener);
     let _watcher = {
         let state = state.clone();
         let handle = tokio::runtime::Handle::current();

@@ -17,7 +17,11 @@ pub fn tokens(text: &str) -> usize {
 
 /// Tokens of the `tools/list` entries for `tools`, serialized as a client receives them.
 pub fn tools_list_tokens<'a>(tools: impl IntoIterator<Item = &'a std::sync::Arc<Tool>>) -> usize {
-    let defs: Vec<rmcp::model::Tool> = tools.into_iter().map(|t| t.mcp_definition()).collect();
+    // Counted for the whole pool too (the admin's list cost): the schemas read are not kept.
+    let defs: Vec<rmcp::model::Tool> = tools
+        .into_iter()
+        .map(|t| t.mcp_definition_with(t.input_schema.read()))
+        .collect();
     definitions_tokens(&defs)
 }
 

@@ -455,7 +455,7 @@ async fn list_tools(State(state): State<AppState>) -> Json<Value> {
         .map(|t| {
             json!({
                 "name": t.name, "group": t.group, "title": t.title, "description": t.description,
-                "input_schema": *t.input_schema, "source": t.source, "content_hash": t.content_hash,
+                "input_schema": *t.input_schema.read(), "source": t.source, "content_hash": t.content_hash,
                 "held": snapshot.is_held(t.name.as_str()),
             })
         })

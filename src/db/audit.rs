@@ -148,6 +148,54 @@ pub async fn append_in_tx(
     Ok(())
 }
 
+/// Appends `events`, in order, to the control-plane chain inside the caller's transaction:
+/// what as many [`append_in_tx`] calls would store, in a few statements instead of four per
+/// event (a first start that applies 10,000 agents writes 20,000 events).
+pub async fn append_many_in_tx(
+    conn: &mut PgConnection,
+    instance: &str,
+    events: Vec<AuditEvent>,
+) -> sqlx::Result<()> {
+    let mut months: Vec<DateTime<Utc>> = Vec::new();
+    for e in &events {
+        if !months
+            .iter()
+            .any(|m| month_bounds(*m) == month_bounds(e.at))
+        {
+            months.push(e.at);
+        }
+    }
+    for at in months {
+        ensure_partition(conn, at).await?;
+    }
+    // One writer of this chain at a time; held until the caller commits.
+    sqlx::query("SELECT pg_advisory_xact_lock(7470113)")
+        .execute(&mut *conn)
+        .await?;
+    let last: Option<(i64, String)> = sqlx::query_as(
+        "SELECT chain_seq, hash FROM audit_events WHERE chain = $1 ORDER BY chain_seq DESC LIMIT 1",
+    )
+    .bind(chain::CONTROL_PLANE)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let (mut seq, mut hash) = last.unwrap_or((0, chain::GENESIS.to_owned()));
+    let mut rows = Vec::with_capacity(events.len().min(MAX_INSERT_ROWS));
+    let mut events = events.into_iter().peekable();
+    while events.peek().is_some() {
+        rows.clear();
+        for event in events.by_ref().take(MAX_INSERT_ROWS) {
+            let row = chain::extend(chain::CONTROL_PLANE, (seq, &hash), instance, event);
+            seq = row.chain_seq;
+            hash = row.hash.clone();
+            rows.push(row);
+        }
+        let mut qb: QueryBuilder<Postgres> = QueryBuilder::new(INSERT);
+        qb.push_values(&rows, |mut b, r| push_row(&mut b, r));
+        qb.build().execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
 fn from_row(r: &PgRow) -> ChainedEvent {
     ChainedEvent {
         id: r.get("id"),

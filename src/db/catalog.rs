@@ -1,10 +1,19 @@
 //! The shared catalog table.
 
+use std::collections::HashMap;
+
 use sqlx::PgPool;
 
 use crate::pool::Catalog;
 
+/// Rows written per statement: large enough that a pool of 100,000 tools is a hundred round
+/// trips, small enough that one batch's definitions stay a few megabytes.
+const BATCH: usize = 1000;
+
 /// Makes the `tools` table match the catalog this instance loaded from `origin`.
+///
+/// Only the rows that differ are written, in batches: at every start an instance syncs its
+/// whole pool, and one statement per tool made that the largest cost of starting a large pool.
 pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Result<()> {
     let mut tx = pool.begin().await?;
     let names: Vec<String> = catalog
@@ -16,10 +25,54 @@ pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Resul
         .bind(&names)
         .execute(&mut *tx)
         .await?;
-    for t in catalog.tools() {
+    drop(names);
+    // What is already there: a row is current when its hash and origin match and it has its
+    // definition (the condition the upsert below also checks, for a concurrent writer).
+    let current: HashMap<String, String> = sqlx::query_as::<_, (String, String)>(
+        "SELECT name, content_hash FROM tools WHERE origin = $1 AND definition IS NOT NULL",
+    )
+    .bind(origin)
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .collect();
+    let stale: Vec<_> = catalog
+        .tools()
+        .filter(|t| current.get(t.name.as_str()) != Some(&t.content_hash))
+        .collect();
+    drop(current);
+    for batch in stale.chunks(BATCH) {
+        let mut cols: [Vec<Option<String>>; 8] = Default::default();
+        for t in batch {
+            let row = [
+                Some(t.name.as_str().to_owned()),
+                Some(t.group.clone()),
+                t.title.clone(),
+                t.description.clone(),
+                Some(t.input_schema.text().to_owned()),
+                Some(t.content_hash.clone()),
+                Some(t.source.label().to_owned()),
+                Some(t.definition().to_string()),
+            ];
+            for (col, v) in cols.iter_mut().zip(row) {
+                col.push(v);
+            }
+        }
+        let [
+            name,
+            group,
+            title,
+            description,
+            schema,
+            hash,
+            source,
+            definition,
+        ] = cols;
         sqlx::query(
             "INSERT INTO tools (name, group_name, title, description, input_schema, content_hash, source, origin, definition)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+             SELECT n, g, t, d, s::jsonb, h, src, $8, def::jsonb
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $9::text[])
+                 AS u(n, g, t, d, s, h, src, def)
              ON CONFLICT (name) DO UPDATE SET group_name = EXCLUDED.group_name, title = EXCLUDED.title,
                  description = EXCLUDED.description, input_schema = EXCLUDED.input_schema,
                  content_hash = EXCLUDED.content_hash, source = EXCLUDED.source, origin = EXCLUDED.origin,
@@ -27,15 +80,15 @@ pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Resul
              WHERE tools.content_hash IS DISTINCT FROM EXCLUDED.content_hash OR tools.origin <> EXCLUDED.origin
                  OR tools.definition IS NULL",
         )
-        .bind(t.name.as_str())
-        .bind(&t.group)
-        .bind(&t.title)
-        .bind(&t.description)
-        .bind(serde_json::Value::Object((*t.input_schema).clone()))
-        .bind(&t.content_hash)
-        .bind(t.source.label())
+        .bind(name)
+        .bind(group)
+        .bind(title)
+        .bind(description)
+        .bind(schema)
+        .bind(hash)
+        .bind(source)
         .bind(origin)
-        .bind(t.definition())
+        .bind(definition)
         .execute(&mut *tx)
         .await?;
     }

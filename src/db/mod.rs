@@ -168,6 +168,18 @@ pub async fn record_change(
     before: Option<serde_json::Value>,
     after: Option<serde_json::Value>,
 ) -> sqlx::Result<()> {
+    let event = change_event(actor, action, resource, before, after);
+    audit::append_in_tx(tx, crate::audit::instance_name(), event).await
+}
+
+/// The `admin.change` event [`record_change`] appends.
+pub fn change_event(
+    actor: &str,
+    action: &str,
+    resource: &str,
+    before: Option<serde_json::Value>,
+    after: Option<serde_json::Value>,
+) -> crate::audit::AuditEvent {
     let mut event = crate::audit::AuditEvent::new(
         crate::audit::EventKind::AdminChange,
         crate::audit::Outcome::Success,
@@ -177,5 +189,14 @@ pub async fn record_change(
     event.resource = Some(resource.to_owned());
     event.details =
         Some(serde_json::json!({"action": action, "before": before, "after": after}).to_string());
-    audit::append_in_tx(tx, crate::audit::instance_name(), event).await
+    event
+}
+
+/// Records many control-plane changes (events of [`change_event`]), in order, in the same
+/// transaction as the changes: what as many [`record_change`] calls would record.
+pub async fn record_changes(
+    tx: &mut sqlx::PgConnection,
+    events: Vec<crate::audit::AuditEvent>,
+) -> sqlx::Result<()> {
+    audit::append_many_in_tx(tx, crate::audit::instance_name(), events).await
 }

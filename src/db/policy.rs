@@ -273,6 +273,118 @@ pub async fn add_grant(
     Ok(Some(id))
 }
 
+/// A new agent or a new grant, for [`create_many`].
+pub enum Creation<'a> {
+    Agent {
+        name: &'a str,
+        settings: &'a AgentSettings,
+    },
+    Grant {
+        agent: &'a str,
+        target: &'a str,
+    },
+}
+
+/// Does what [`create_agent`] and [`add_grant`], called for `items` in order, would do, with
+/// the same audit events in the same order, in a few statements: applying a policies folder of
+/// 10,000 agents was 100,000 round trips. A grant may name an agent created earlier in `items`.
+pub async fn create_many(
+    conn: &mut PgConnection,
+    actor: &str,
+    items: &[Creation<'_>],
+) -> sqlx::Result<()> {
+    // Ids in item order, as the one-by-one calls would draw them.
+    let ids: Vec<Uuid> = items.iter().map(|_| Uuid::now_v7()).collect();
+    let (mut a_ids, mut names, mut descriptions, mut notes, mut discovery, mut pinned) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
+    let (mut g_ids, mut g_agents, mut g_targets) = (Vec::new(), Vec::new(), Vec::new());
+    for (item, id) in items.iter().zip(&ids) {
+        match item {
+            Creation::Agent { name, settings } => {
+                a_ids.push(*id);
+                names.push(*name);
+                descriptions.push(settings.description.as_str());
+                notes.push(settings.notes.as_str());
+                discovery.push(settings.discovery.as_str());
+                // Arrays of arrays do not unnest row by row: each list goes as JSON text.
+                pinned.push(Value::from(settings.pinned.clone()).to_string());
+            }
+            Creation::Grant { agent, target } => {
+                g_ids.push(*id);
+                g_agents.push(*agent);
+                g_targets.push(*target);
+            }
+        }
+    }
+    if !a_ids.is_empty() {
+        sqlx::query(
+            "INSERT INTO agents (id, name, description, notes, discovery, pinned)
+             SELECT id, name, d, n, disc, ARRAY(SELECT jsonb_array_elements_text(p::jsonb))
+             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+                 AS u(id, name, d, n, disc, p)",
+        )
+        .bind(&a_ids)
+        .bind(&names)
+        .bind(&descriptions)
+        .bind(&notes)
+        .bind(&discovery)
+        .bind(&pinned)
+        .execute(&mut *conn)
+        .await?;
+    }
+    // A grant the agent already has, or of an agent that does not exist, is not inserted
+    // and not recorded, as in `add_grant`.
+    let inserted: std::collections::HashSet<Uuid> = if g_ids.is_empty() {
+        Default::default()
+    } else {
+        sqlx::query_scalar(
+            "INSERT INTO agent_grants (id, agent_id, target, created_by)
+             SELECT u.id, a.id, u.target, $4
+             FROM UNNEST($1::uuid[], $2::text[], $3::text[]) AS u(id, agent, target)
+             JOIN agents a ON a.name = u.agent
+             ON CONFLICT (agent_id, target) DO NOTHING
+             RETURNING id",
+        )
+        .bind(&g_ids)
+        .bind(&g_agents)
+        .bind(&g_targets)
+        .bind(actor)
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .collect()
+    };
+    let events = items
+        .iter()
+        .zip(&ids)
+        .filter_map(|(item, id)| match item {
+            Creation::Agent { name, settings } => Some(super::change_event(
+                actor,
+                "agent.create",
+                &format!("agent:{name}"),
+                None,
+                Some(settings_json(settings)),
+            )),
+            Creation::Grant { agent, target } => inserted.contains(id).then(|| {
+                super::change_event(
+                    actor,
+                    "grant.create",
+                    &format!("agent:{agent}/grant:{target}"),
+                    None,
+                    Some(json!({"agent": agent, "target": target})),
+                )
+            }),
+        })
+        .collect();
+    super::record_changes(conn, events).await
+}
+
 /// Removes a grant of an agent. Returns whether it existed.
 pub async fn remove_grant(
     conn: &mut PgConnection,

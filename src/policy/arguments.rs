@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::GrantTarget;
-use crate::pool::{ArgumentCheck, Catalog, Narrowing, Tool};
+use crate::pool::{ArgumentCheck, Catalog, HttpBinding, Narrowing, Tool};
 
 /// The keywords a rule may use.
 pub const KEYWORDS: &[&str] = &[
@@ -610,10 +610,11 @@ fn narrow(tool: &Tool, rules: &[(&str, &str, &ParamRule)]) -> Option<Tool> {
     let mut out = tool.clone();
     out.http = tool.http.as_ref().map(|b| {
         let mut b = b.clone();
-        b.operation = narrow_operation(&b.operation, &narrowed_props);
+        b.operation =
+            HttpBinding::operation_text(&narrow_operation(&b.operation(), &narrowed_props));
         b
     });
-    out.input_schema = Arc::new(schema);
+    out.input_schema = schema.into();
     out.narrowing = Some(Arc::new(Narrowing { checks }));
     Some(out)
 }

@@ -925,11 +925,26 @@ pub async fn apply_dir(
     let upstreams = db::policy::upstreams(&mut tx).await?;
     let changes = plan(&policies, &state.agents, &groups, &upstreams);
     if !dry_run {
+        // Runs of new agents and grants (a first start is nothing else) are written together;
+        // any other change first writes the run before it, so the order stays the plan's.
+        let mut run: Vec<db::policy::Creation<'_>> = Vec::new();
         for change in &changes {
             match change {
                 Change::CreateAgent { name, settings } => {
-                    db::policy::create_agent(&mut tx, actor, name, settings).await?;
+                    run.push(db::policy::Creation::Agent { name, settings });
+                    continue;
                 }
+                Change::AddGrant { agent, target } => {
+                    run.push(db::policy::Creation::Grant { agent, target });
+                    continue;
+                }
+                _ => {}
+            }
+            if !run.is_empty() {
+                db::policy::create_many(&mut tx, actor, &std::mem::take(&mut run)).await?;
+            }
+            match change {
+                Change::CreateAgent { .. } | Change::AddGrant { .. } => {}
                 Change::UpdateAgent {
                     name,
                     before,
@@ -937,9 +952,6 @@ pub async fn apply_dir(
                 } => db::policy::update_agent(&mut tx, actor, name, before, after).await?,
                 Change::DeleteAgent { name } => {
                     db::policy::delete_agent(&mut tx, actor, name).await?;
-                }
-                Change::AddGrant { agent, target } => {
-                    db::policy::add_grant(&mut tx, actor, agent, target).await?;
                 }
                 Change::RemoveGrant { agent, target } => {
                     db::policy::remove_grant(&mut tx, actor, agent, target).await?;
@@ -975,6 +987,9 @@ pub async fn apply_dir(
                     db::authorizations::set_agent_users(&mut tx, actor, agent, after).await?;
                 }
             }
+        }
+        if !run.is_empty() {
+            db::policy::create_many(&mut tx, actor, &run).await?;
         }
         // A group pinned by this apply starts from what it serves now, approved by whoever
         // applied (trust on first use, per group).

@@ -582,16 +582,28 @@ impl PolicyHandle {
     /// Swaps in a new catalog and its search index (unchanged tools keep their analysis).
     pub fn set_catalog(&self, catalog: Arc<Catalog>) {
         let mut inputs = self.inputs.lock().unwrap_or_else(|p| p.into_inner());
+        let t = std::time::Instant::now();
         inputs.search = Arc::new(SearchIndex::build(&catalog, Some(&inputs.search)));
+        let indexed = t.elapsed();
         inputs.catalog = catalog;
         self.current.store(inputs.snapshot());
+        tracing::debug!(
+            index_ms = indexed.as_millis() as u64,
+            ms = t.elapsed().as_millis() as u64,
+            "search index and policy snapshot rebuilt"
+        );
     }
 
     /// Swaps in new control-plane state; the catalog's search index is reused as it is.
     pub fn set_state(&self, state: PolicyState) {
         let mut inputs = self.inputs.lock().unwrap_or_else(|p| p.into_inner());
+        let t = std::time::Instant::now();
         inputs.state = Arc::new(state);
         self.current.store(inputs.snapshot());
+        tracing::debug!(
+            ms = t.elapsed().as_millis() as u64,
+            "policy snapshot rebuilt"
+        );
     }
 
     pub fn catalog(&self) -> Arc<Catalog> {
@@ -602,6 +614,101 @@ impl PolicyHandle {
 #[cfg(test)]
 mod scale {
     use super::*;
+
+    /// This process's resident memory, in bytes.
+    fn rss() -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+            .unwrap_or(0)
+            * 1024
+    }
+
+    /// Memory per tool and per agent, as the scale benchmark's pool has them: tool folders
+    /// like `bench/scale.sh` writes, loaded by the loader, indexed, then a snapshot with one
+    /// agent per group. A measurement, not a test:
+    /// `cargo nextest run --release --lib --run-ignored only -E 'test(memory_at_scale)' --no-capture`
+    /// (`SCALE_TOOLS`, default 20,000 in groups of 20).
+    #[test]
+    #[ignore = "a measurement; run on demand"]
+    fn memory_at_scale() {
+        use std::os::unix::fs::PermissionsExt;
+        let tools: usize = std::env::var("SCALE_TOOLS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20_000);
+        let (per_group, groups) = (20, tools / 20);
+        let dir = tempfile::tempdir().unwrap();
+        for g in 0..groups {
+            let folder = dir.path().join(format!("g{g:05}"));
+            std::fs::create_dir(&folder).unwrap();
+            let mut paths = serde_json::Map::new();
+            for o in 0..per_group {
+                let op = format!("op{o:02}");
+                paths.insert(format!("/{op}"), serde_json::json!({"post": {
+                    "operationId": op,
+                    "summary": format!("Operation {o} of group {g}"),
+                    "description": format!("Does thing number {o} for group {g}: a generated tool of the scale benchmark."),
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {
+                        "type": "object", "properties": {"q": {"type": "string", "maxLength": 100}}}}}},
+                    "responses": {"200": {"description": "ok"}}}}));
+                let script = folder.join(format!("{op}.sh"));
+                std::fs::write(&script, "#!/bin/sh\ncat\n").unwrap();
+                std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            let doc = serde_json::json!({"openapi": "3.1.0", "info": {"title": "g", "version": "1"}, "paths": paths});
+            std::fs::write(folder.join("openapi.json"), doc.to_string()).unwrap();
+        }
+        let settings = crate::pool::loader::LoaderSettings::default();
+        let before = rss();
+        let t = std::time::Instant::now();
+        let catalog = Arc::new(crate::pool::loader::load_pool(dir.path(), None, &settings));
+        let loaded = t.elapsed().as_secs_f64();
+        let after_pool = rss();
+        assert_eq!(catalog.len(), groups * per_group);
+        let t = std::time::Instant::now();
+        let search = Arc::new(SearchIndex::build(&catalog, None));
+        let indexed = t.elapsed().as_secs_f64();
+        let after_index = rss();
+        let state = PolicyState {
+            agents: (0..groups)
+                .map(|a| AgentRecord {
+                    id: Uuid::nil(),
+                    name: format!("agent{a:05}"),
+                    description: String::new(),
+                    notes: String::new(),
+                    discovery: Discovery::Full,
+                    pinned: Vec::new(),
+                    grants: vec![GrantRecord {
+                        id: Uuid::nil(),
+                        target: format!("g{a:05}"),
+                        created_by: "scale".into(),
+                        created_at: Utc::now(),
+                    }],
+                    limits: Vec::new(),
+                    arguments: Vec::new(),
+                    users: Vec::new(),
+                })
+                .collect(),
+            ..PolicyState::default()
+        };
+        let t = std::time::Instant::now();
+        let snapshot = PolicySnapshot::build_indexed(catalog.clone(), search, &state);
+        let built = t.elapsed().as_secs_f64();
+        let after_snapshot = rss();
+        assert_eq!(snapshot.agents().len(), groups);
+        let per = |bytes: usize, n: usize| bytes as f64 / n as f64;
+        println!(
+            "{} tools: loaded {loaded:.2} s, {:.0} B per tool; search index {indexed:.2} s, {:.0} B per tool; \
+             snapshot of {groups} agents {built:.3} s, {:.0} B per agent (state included)",
+            catalog.len(),
+            per(after_pool.saturating_sub(before), catalog.len()),
+            per(after_index.saturating_sub(after_pool), catalog.len()),
+            per(after_snapshot.saturating_sub(after_index), groups),
+        );
+    }
 
     /// What a snapshot rebuild costs at scale: 100,000 tools in 5,000 groups, 10,000 agents
     /// granted one group each, against a scan of the pool per agent (what every rebuild did

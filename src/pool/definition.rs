@@ -32,7 +32,11 @@ pub fn canonical(v: &Value) -> Value {
 impl Tool {
     /// The MCP definition (`tools/list` entry), canonical.
     pub fn definition(&self) -> Value {
-        canonical(&serde_json::to_value(self.mcp_definition()).unwrap_or_default())
+        // Read for every tool of the pool (the catalog table, pins): the schema is not kept.
+        canonical(
+            &serde_json::to_value(self.mcp_definition_with(self.input_schema.read()))
+                .unwrap_or_default(),
+        )
     }
 }
 

@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 
 use super::sandbox::{GroupLimits, Mode, Sandbox, SandboxSettings};
 use super::{
-    Catalog, Execution, GroupStatus, HttpBinding, InputValidator, LoadError, SEPARATOR, ScriptSpec,
-    Tool, ToolName, ToolSource, is_name_char,
+    Catalog, Execution, GroupStatus, HttpBinding, InputSchema, InputValidator, LoadError,
+    SEPARATOR, ScriptSpec, Tool, ToolName, ToolSource, is_name_char,
 };
 
 /// Defaults that apply to every script unless its operation says otherwise.
@@ -225,6 +225,8 @@ pub fn load_group(
                 .map_err(|e| fail(&spec_file, format!("`x-toolgate-sandbox` is invalid: {e}")))?,
         },
     };
+    let env_allow: Arc<[String]> = env_allow.into();
+    let workdir: Arc<Path> = folder.into();
     let scripts = scripts_by_stem(folder).map_err(|e| fail(folder_name, e))?;
     let paths = doc
         .get("paths")
@@ -295,9 +297,9 @@ pub fn load_group(
             }
             let (schema, binding) = input_schema(path, method, op, &shared_params)
                 .map_err(|e| fail(&spec_file, format!("operation {where_}: {e}")))?;
-            let schema = Arc::new(schema);
+            let kept = InputSchema::new(&schema);
             let validator =
-                InputValidator::check(schema.clone(), Some(jsonschema::Draft::Draft202012))
+                InputValidator::check(kept.clone(), &schema, Some(jsonschema::Draft::Draft202012))
                     .map_err(|e| {
                         fail(
                             &spec_file,
@@ -386,7 +388,7 @@ pub fn load_group(
                 operation: op_id.to_owned(),
                 title: summary,
                 description,
-                input_schema: schema,
+                input_schema: kept,
                 content_hash,
                 source: ToolSource::Script {
                     folder: folder_name.to_owned(),
@@ -394,7 +396,7 @@ pub fn load_group(
                 http: Some(binding),
                 exec: Execution::Script(ScriptSpec {
                     script,
-                    workdir: folder.to_path_buf(),
+                    workdir: workdir.clone(),
                     timeout,
                     env_allow: env_allow.clone(),
                     slots: Arc::new(tokio::sync::Semaphore::new(
@@ -494,7 +496,7 @@ fn input_schema(
         path_params: Vec::new(),
         query_params: Vec::new(),
         body_params: Vec::new(),
-        operation: op.clone(),
+        operation: HttpBinding::operation_text(op),
     };
     let mut params: Vec<&Value> = Vec::new();
     let op_params = op.get("parameters");

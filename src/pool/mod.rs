@@ -11,7 +11,7 @@ pub mod watcher;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,18 +94,35 @@ pub struct HttpBinding {
     pub query_params: Vec<String>,
     /// Property names that come from the JSON request body.
     pub body_params: Vec<String>,
-    /// The operation object, kept for the merged OpenAPI document.
-    pub operation: Value,
+    /// The operation object as compact JSON text, for the merged OpenAPI document. Kept as
+    /// text, not as a parsed `Value`: parsed (every object an ordered map) it was the largest
+    /// part of a tool's memory, and only a request for `/openapi.json` reads it.
+    pub operation: Box<str>,
+}
+
+impl HttpBinding {
+    /// The text kept for an operation object.
+    pub fn operation_text(op: &Value) -> Box<str> {
+        op.to_string().into_boxed_str()
+    }
+
+    /// The operation object, parsed from its text.
+    pub fn operation(&self) -> Value {
+        // The text was written by `operation_text` from a `Value`, so it parses.
+        serde_json::from_str(&self.operation).unwrap_or(Value::Null)
+    }
 }
 
 /// What running a script needs.
 #[derive(Debug, Clone)]
 pub struct ScriptSpec {
     pub script: PathBuf,
-    pub workdir: PathBuf,
+    /// The group's folder: one allocation shared by every tool of the group.
+    pub workdir: Arc<Path>,
     pub timeout: Duration,
-    /// Names of environment variables passed through besides the fixed allow-list.
-    pub env_allow: Vec<String>,
+    /// Names of environment variables passed through besides the fixed allow-list (the
+    /// group's, shared by its tools).
+    pub env_allow: Arc<[String]>,
     /// Bounds how many copies of this tool run at once.
     pub slots: Arc<tokio::sync::Semaphore>,
     /// How the script is confined.
@@ -131,7 +148,7 @@ pub struct Tool {
     pub operation: String,
     pub title: Option<String>,
     pub description: Option<String>,
-    pub input_schema: Arc<Map<String, Value>>,
+    pub input_schema: InputSchema,
     pub content_hash: String,
     pub source: ToolSource,
     pub http: Option<HttpBinding>,
@@ -223,12 +240,18 @@ impl Narrowing {
 }
 
 impl Tool {
-    /// The MCP `Tool` definition, as `tools/list` shows it.
+    /// The MCP `Tool` definition, as `tools/list` shows it. Keeps the parsed input schema: a
+    /// listed tool is listed again.
     pub fn mcp_definition(&self) -> rmcp::model::Tool {
+        self.mcp_definition_with(self.input_schema.parsed().clone())
+    }
+
+    /// [`Self::mcp_definition`] with `schema` as its input schema.
+    pub(crate) fn mcp_definition_with(&self, schema: Arc<Map<String, Value>>) -> rmcp::model::Tool {
         let mut tool = rmcp::model::Tool::new(
             self.name.as_str().to_owned(),
             self.description.clone().unwrap_or_default(),
-            self.input_schema.clone(),
+            schema,
         );
         if self.description.is_none() {
             tool.description = None;
@@ -280,6 +303,86 @@ impl Tool {
     }
 }
 
+/// A tool's input schema, kept as compact JSON text and parsed on first use.
+///
+/// Parsed, a schema is a tree of ordered maps, about ten times its text; most tools of a large
+/// pool are never listed or called on a given instance, so they keep only the text. What reads
+/// the schema of every tool (the search index, the catalog table) uses [`Self::read`], which
+/// does not keep what it parses. Clones share one allocation.
+#[derive(Clone)]
+pub struct InputSchema(Arc<SchemaText>);
+
+struct SchemaText {
+    text: Box<str>,
+    parsed: std::sync::OnceLock<Arc<Map<String, Value>>>,
+}
+
+impl InputSchema {
+    /// The schema of a tool that may never be used: only its text is kept.
+    pub fn new(schema: &Map<String, Value>) -> Self {
+        Self(Arc::new(SchemaText {
+            text: serde_json::to_string(schema)
+                .unwrap_or_default()
+                .into_boxed_str(),
+            parsed: std::sync::OnceLock::new(),
+        }))
+    }
+
+    /// The schema, parsed and kept from now on.
+    pub fn parsed(&self) -> &Arc<Map<String, Value>> {
+        self.0.parsed.get_or_init(|| Arc::new(self.parse()))
+    }
+
+    /// The schema, parsed if it is not kept already, without keeping it: for passes over the
+    /// whole pool.
+    pub fn read(&self) -> Arc<Map<String, Value>> {
+        match self.0.parsed.get() {
+            Some(m) => m.clone(),
+            None => Arc::new(self.parse()),
+        }
+    }
+
+    /// The compact JSON text.
+    pub fn text(&self) -> &str {
+        &self.0.text
+    }
+
+    fn parse(&self) -> Map<String, Value> {
+        // The text was written from a `Map`, so it parses back to one.
+        serde_json::from_str(&self.0.text).unwrap_or_default()
+    }
+}
+
+impl From<Arc<Map<String, Value>>> for InputSchema {
+    /// A schema already parsed (an upstream's, a narrowed copy's): it is kept as it is.
+    fn from(schema: Arc<Map<String, Value>>) -> Self {
+        let kept = Self::new(&schema);
+        let _ = kept.0.parsed.set(schema);
+        kept
+    }
+}
+
+impl From<Map<String, Value>> for InputSchema {
+    fn from(schema: Map<String, Value>) -> Self {
+        Arc::new(schema).into()
+    }
+}
+
+impl std::ops::Deref for InputSchema {
+    type Target = Map<String, Value>;
+
+    /// The parsed schema, kept from now on (see [`Self::parsed`]).
+    fn deref(&self) -> &Self::Target {
+        self.parsed()
+    }
+}
+
+impl fmt::Debug for InputSchema {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.text())
+    }
+}
+
 /// A tool's input-schema validator, compiled on the tool's first call.
 ///
 /// A compiled validator costs kilobytes, and most tools of a large pool are never called on a
@@ -288,7 +391,7 @@ impl Tool {
 /// and the result is dropped; the call path compiles it again, once, from the same schema.
 #[derive(Debug)]
 pub struct InputValidator {
-    schema: Arc<Map<String, Value>>,
+    schema: InputSchema,
     draft: Option<jsonschema::Draft>,
     compiled: std::sync::OnceLock<Result<jsonschema::Validator, String>>,
 }
@@ -307,13 +410,14 @@ impl InputValidator {
             .map_err(|e| e.to_string())
     }
 
-    /// Checks that `schema` compiles (under `draft`, or the one it declares), keeping only the
-    /// schema.
+    /// Checks that `schema` (`parsed` is the same, already parsed) compiles under `draft`, or
+    /// the one it declares, keeping only the schema.
     pub fn check(
-        schema: Arc<Map<String, Value>>,
+        schema: InputSchema,
+        parsed: &Map<String, Value>,
         draft: Option<jsonschema::Draft>,
     ) -> Result<Self, String> {
-        Self::build(&schema, draft)?;
+        Self::build(parsed, draft)?;
         Ok(Self {
             schema,
             draft,
@@ -324,7 +428,7 @@ impl InputValidator {
     /// The compiled validator, built on first use.
     pub fn compiled(&self) -> Result<&jsonschema::Validator, &str> {
         self.compiled
-            .get_or_init(|| Self::build(&self.schema, self.draft))
+            .get_or_init(|| Self::build(&self.schema.read(), self.draft))
             .as_ref()
             .map_err(String::as_str)
     }
@@ -360,28 +464,39 @@ pub struct GroupStatus {
 /// An immutable snapshot of the pool.
 #[derive(Debug, Default)]
 pub struct Catalog {
-    tools: BTreeMap<String, Arc<Tool>>,
+    /// Ordered by name, one tool per name: found by binary search. A map keyed by name kept a
+    /// second copy of every name, and its nodes, for nothing a sorted list does not do.
+    tools: Vec<Arc<Tool>>,
     groups: BTreeMap<String, GroupStatus>,
 }
 
 impl Catalog {
+    /// A catalog of `tools`; of two tools with one name, the last is kept.
     pub fn new(tools: Vec<Arc<Tool>>, groups: Vec<GroupStatus>) -> Self {
+        let mut tools = tools;
+        // Stable, so that of equal names the last given stays last, and is the one kept.
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        tools.reverse();
+        tools.dedup_by(|a, b| a.name == b.name);
+        tools.reverse();
+        tools.shrink_to_fit();
         Self {
-            tools: tools
-                .into_iter()
-                .map(|t| (t.name.as_str().to_owned(), t))
-                .collect(),
+            tools,
             groups: groups.into_iter().map(|g| (g.folder.clone(), g)).collect(),
         }
     }
 
+    fn position(&self, name: &str) -> Result<usize, usize> {
+        self.tools.binary_search_by(|t| t.name.as_str().cmp(name))
+    }
+
     pub fn get(&self, name: &str) -> Option<&Arc<Tool>> {
-        self.tools.get(name)
+        self.position(name).ok().map(|i| &self.tools[i])
     }
 
     /// Every tool, ordered by name.
     pub fn tools(&self) -> impl Iterator<Item = &Arc<Tool>> {
-        self.tools.values()
+        self.tools.iter()
     }
 
     /// The tools whose names start with `prefix`, in name order: a range of the name-ordered
@@ -390,13 +505,10 @@ impl Catalog {
         &'a self,
         prefix: &'p str,
     ) -> impl Iterator<Item = &'a Arc<Tool>> + use<'a, 'p> {
-        self.tools
-            .range::<str, _>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(move |(name, _)| name.starts_with(prefix))
-            .map(|(_, t)| t)
+        let first = self.position(prefix).unwrap_or_else(|i| i);
+        self.tools[first..]
+            .iter()
+            .take_while(move |t| t.name.as_str().starts_with(prefix))
     }
 
     pub fn len(&self) -> usize {
@@ -414,7 +526,7 @@ impl Catalog {
 
     /// The names of the groups that serve tools, for suggestions and grant checks.
     pub fn group_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.tools.values().map(|t| t.group.clone()).collect();
+        let mut names: Vec<String> = self.tools.iter().map(|t| t.group.clone()).collect();
         names.dedup();
         names.sort();
         names.dedup();
@@ -440,11 +552,20 @@ impl Catalog {
             }
             out.groups.insert(g.folder.clone(), g);
         }
+        let mut added: Vec<Arc<Tool>> = Vec::new();
+        let mut names = std::collections::BTreeSet::new();
         for t in tools {
-            if script_groups.contains(&t.group) || out.tools.contains_key(t.name.as_str()) {
+            if script_groups.contains(&t.group)
+                || out.get(t.name.as_str()).is_some()
+                || !names.insert(t.name.clone())
+            {
                 continue;
             }
-            out.tools.insert(t.name.as_str().to_owned(), t);
+            added.push(t);
+        }
+        if !added.is_empty() {
+            out.tools.extend(added);
+            out.tools.sort_by(|a, b| a.name.cmp(&b.name));
         }
         out
     }

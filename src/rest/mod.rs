@@ -380,7 +380,7 @@ async fn openapi(
     for tool in gate.visible() {
         shown.push(tool.name.as_str().to_owned());
         let Some(binding) = &tool.http else { continue };
-        let mut op = binding.operation.clone();
+        let mut op = binding.operation();
         if let Value::Object(o) = &mut op {
             o.retain(|k, _| !k.starts_with("x-toolgate-"));
             o.insert("operationId".into(), json!(tool.name.as_str()));

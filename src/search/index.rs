@@ -370,21 +370,53 @@ const MAX_SCHEMA_DEPTH: usize = 3;
 /// One term's postings: (document, weighted term frequency), by document.
 type Postings = Vec<(u32, f64)>;
 
-/// One tool, analyzed: its weighted term frequencies and weighted length.
+/// A term as the analysis keeps it: one allocation per distinct term of the catalog, shared by
+/// every tool that has it and by the vocabulary (a term per tool was most of the index's memory).
+type Term = Arc<str>;
+
+/// One tool, analyzed: its weighted term frequencies and weighted length. Which definition it
+/// analyzed is the content hash of the tool it is kept beside in [`SearchIndex::docs`].
 #[derive(Debug)]
 struct Analyzed {
-    content_hash: String,
     /// Sorted by term.
-    terms: Vec<(String, f64)>,
+    terms: Box<[(Term, f64)]>,
     len: f64,
     /// Character n-grams, sorted; empty when the n-gram ranker is off.
-    grams: Vec<(String, f64)>,
+    grams: Box<[(Term, f64)]>,
     gram_len: f64,
     /// The tool's unit vector under the embedding model, if the index has one.
     vector: Option<Vec<f32>>,
 }
 
-fn analyze_tool(tool: &Tool, o: &SearchOptions, model: Option<&StaticModel>) -> Analyzed {
+/// Shares one allocation per distinct term.
+#[derive(Default)]
+struct Interner(std::collections::HashSet<Term>);
+
+impl Interner {
+    fn intern(&mut self, term: String) -> Term {
+        if let Some(t) = self.0.get(term.as_str()) {
+            return t.clone();
+        }
+        let t: Term = term.into();
+        self.0.insert(t.clone());
+        t
+    }
+
+    /// Term frequencies as the analysis keeps them: interned and sorted by term.
+    fn terms(&mut self, tf: HashMap<String, f64>) -> Box<[(Term, f64)]> {
+        let mut terms: Vec<(Term, f64)> =
+            tf.into_iter().map(|(t, f)| (self.intern(t), f)).collect();
+        terms.sort_by(|a, b| a.0.cmp(&b.0));
+        terms.into_boxed_slice()
+    }
+}
+
+fn analyze_tool(
+    tool: &Tool,
+    o: &SearchOptions,
+    model: Option<&StaticModel>,
+    interner: &mut Interner,
+) -> Analyzed {
     let vector = model.and_then(|m| {
         let mut acc = vec![0.0; m.dim()];
         m.accumulate(tool.name.as_str(), 1.0, &mut acc);
@@ -419,18 +451,14 @@ fn analyze_tool(tool: &Tool, o: &SearchOptions, model: Option<&StaticModel>) -> 
     if let Some(description) = &tool.description {
         add(description, o.description_weight);
     }
-    schema_text(&tool.input_schema, 0, &mut |text| {
+    // Read, not kept: the index reads every tool of the pool.
+    schema_text(&tool.input_schema.read(), 0, &mut |text| {
         add(text, o.parameter_weight)
     });
-    let mut terms: Vec<(String, f64)> = tf.into_iter().collect();
-    terms.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut grams: Vec<(String, f64)> = gf.into_iter().collect();
-    grams.sort_by(|a, b| a.0.cmp(&b.0));
     Analyzed {
-        content_hash: tool.content_hash.clone(),
-        terms,
+        terms: interner.terms(tf),
         len,
-        grams,
+        grams: interner.terms(gf),
         gram_len,
         vector,
     }
@@ -483,12 +511,12 @@ pub struct SearchIndex {
     /// In catalog (name) order.
     docs: Vec<(Arc<Tool>, Arc<Analyzed>)>,
     by_name: HashMap<String, u32>,
-    vocabulary: HashMap<String, u32>,
+    vocabulary: HashMap<Term, u32>,
     /// Per term: (document, weighted term frequency), by document.
-    postings: Vec<Vec<(u32, f64)>>,
+    postings: Vec<Postings>,
     /// The same for character n-grams.
-    gram_vocabulary: HashMap<String, u32>,
-    gram_postings: Vec<Vec<(u32, f64)>>,
+    gram_vocabulary: HashMap<Term, u32>,
+    gram_postings: Vec<Postings>,
 }
 
 impl fmt::Debug for SearchIndex {
@@ -531,25 +559,39 @@ impl SearchIndex {
         };
         let reusable = |tool: &Tool| -> Option<Arc<Analyzed>> {
             let prev = previous.filter(|p| p.options == options && same_model(p))?;
-            let (_, a) = &prev.docs[*prev.by_name.get(tool.name.as_str())? as usize];
-            (a.content_hash == tool.content_hash).then(|| a.clone())
+            let (was, a) = &prev.docs[*prev.by_name.get(tool.name.as_str())? as usize];
+            (was.content_hash == tool.content_hash).then(|| a.clone())
         };
+        // New analyses share the terms of the previous index's vocabulary.
+        let mut interner = Interner(
+            previous
+                .map(|p| {
+                    p.vocabulary
+                        .keys()
+                        .chain(p.gram_vocabulary.keys())
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default(),
+        );
         let docs: Vec<(Arc<Tool>, Arc<Analyzed>)> = catalog
             .tools()
             .map(|t| {
-                let a = reusable(t)
-                    .unwrap_or_else(|| Arc::new(analyze_tool(t, &options, model.as_deref())));
+                let a = reusable(t).unwrap_or_else(|| {
+                    Arc::new(analyze_tool(t, &options, model.as_deref(), &mut interner))
+                });
                 (t.clone(), a)
             })
             .collect();
-        let mut vocabulary: HashMap<String, u32> = HashMap::new();
-        let mut postings: Vec<Vec<(u32, f64)>> = Vec::new();
-        let mut gram_vocabulary: HashMap<String, u32> = HashMap::new();
-        let mut gram_postings: Vec<Vec<(u32, f64)>> = Vec::new();
+        drop(interner);
+        let mut vocabulary: HashMap<Term, u32> = HashMap::new();
+        let mut postings: Vec<Postings> = Vec::new();
+        let mut gram_vocabulary: HashMap<Term, u32> = HashMap::new();
+        let mut gram_postings: Vec<Postings> = Vec::new();
         let mut by_name = HashMap::with_capacity(docs.len());
-        let post = |vocabulary: &mut HashMap<String, u32>,
-                    postings: &mut Vec<Vec<(u32, f64)>>,
-                    terms: &[(String, f64)],
+        let post = |vocabulary: &mut HashMap<Term, u32>,
+                    postings: &mut Vec<Postings>,
+                    terms: &[(Term, f64)],
                     d: usize| {
             for (term, tf) in terms {
                 let id = *vocabulary.entry(term.clone()).or_insert_with(|| {
@@ -563,6 +605,10 @@ impl SearchIndex {
             by_name.insert(tool.name.as_str().to_owned(), d as u32);
             post(&mut vocabulary, &mut postings, &a.terms, d);
             post(&mut gram_vocabulary, &mut gram_postings, &a.grams, d);
+        }
+        // Grown by doubling, a term's postings would keep up to half their length unused.
+        for p in postings.iter_mut().chain(gram_postings.iter_mut()) {
+            p.shrink_to_fit();
         }
         Self {
             options,
@@ -588,7 +634,7 @@ impl SearchIndex {
     /// from the visible documents only (`slot`: document -> position, `n` of them).
     fn bm25(
         &self,
-        (vocabulary, postings): (&HashMap<String, u32>, &[Postings]),
+        (vocabulary, postings): (&HashMap<Term, u32>, &[Postings]),
         terms: &[(String, f64)],
         (slot, n, avg_len): (&[u32], usize, f64),
         len_of: impl Fn(&Analyzed) -> f64,
@@ -597,7 +643,7 @@ impl SearchIndex {
     ) {
         let SearchOptions { k1, b, .. } = self.options;
         for (term, weight) in terms {
-            let Some(&id) = vocabulary.get(term) else {
+            let Some(&id) = vocabulary.get(term.as_str()) else {
                 continue;
             };
             let postings = &postings[id as usize];

@@ -369,8 +369,11 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
             .name
             .split_once(crate::pool::SEPARATOR)
             .ok_or_else(|| format!("`{}` is not `<group>__<operation>`", def.name))?;
+        // Kept as text, as the loader keeps a script tool's.
+        let schema = crate::pool::InputSchema::new(&def.input_schema);
         let validator = crate::pool::InputValidator::check(
-            def.input_schema.clone(),
+            schema.clone(),
+            &def.input_schema,
             Some(jsonschema::Draft::Draft202012),
         )
         .map_err(|e| format!("`{}`: invalid inputSchema: {e}", def.name))?;
@@ -381,7 +384,7 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
             operation: operation.to_owned(),
             title: def.title.clone(),
             description: def.description.as_ref().map(|d| d.to_string()),
-            input_schema: def.input_schema.clone(),
+            input_schema: schema,
             content_hash: hex::encode(hash),
             source: ToolSource::Upstream {
                 upstream: group.to_owned(),
@@ -389,9 +392,9 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
             http: None,
             exec: Execution::Script(ScriptSpec {
                 script: PathBuf::new(),
-                workdir: PathBuf::new(),
+                workdir: std::path::Path::new("").into(),
                 timeout: Duration::from_secs(1),
-                env_allow: Vec::new(),
+                env_allow: Arc::from([]),
                 slots: Arc::new(tokio::sync::Semaphore::new(1)),
                 sandbox: Default::default(),
             }),

@@ -433,7 +433,8 @@ fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
     let name = ToolName::parse(&format!("{group}{SEPARATOR}{}", t.name))
         .map_err(|e| format!("tool `{}` skipped: {e}", t.name))?;
     // Upstream schemas are hostile input too: no network `$ref`s are resolved.
-    let validator = crate::pool::InputValidator::check(t.input_schema.clone(), None)
+    let schema = crate::pool::InputSchema::from(t.input_schema.clone());
+    let validator = crate::pool::InputValidator::check(schema.clone(), &t.input_schema, None)
         .map_err(|e| format!("tool `{}` skipped: invalid input schema: {e}", t.name))?;
     let props: Vec<String> = t
         .input_schema
@@ -449,7 +450,7 @@ fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
         operation: t.name.to_string(),
         title: t.title.clone(),
         description: t.description.as_ref().map(|d| d.to_string()),
-        input_schema: t.input_schema.clone(),
+        input_schema: schema,
         content_hash: hex::encode(sha2::Digest::finalize(hasher)),
         source: ToolSource::Upstream {
             upstream: group.to_owned(),
@@ -460,12 +461,12 @@ fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
             path_params: Vec::new(),
             query_params: Vec::new(),
             body_params: props,
-            operation: serde_json::json!({
+            operation: HttpBinding::operation_text(&serde_json::json!({
                 "summary": t.title.clone().or_else(|| t.description.as_ref().map(|d| d.to_string())),
                 "description": t.description,
                 "requestBody": {"content": {"application/json": {"schema": *t.input_schema}}},
                 "responses": {"200": {"description": "The tool's result"}},
-            }),
+            })),
         }),
         exec: Execution::Upstream {
             upstream: group.to_owned(),
