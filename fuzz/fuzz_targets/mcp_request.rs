@@ -10,7 +10,7 @@
 //! Invariants beyond "no panic": no 500; a JSON response is JSON and every JSON-RPC message in
 //! it is a result or an error object with an integer code and a message; a `tools/list` answer
 //! names only granted tools (and the meta tools); nothing an ungranted tool's definition says
-//! is ever sent.
+//! is ever sent (beyond what the input itself holds, which an error may echo).
 
 #![no_main]
 
@@ -33,6 +33,8 @@ use toolgate::policy::snapshot::{AgentRecord, Discovery, GrantRecord, PolicyStat
 
 /// Written only in the definitions of tools the agent is not granted.
 const MARKER: &str = "UNGRANTEDMARKER";
+/// The ungranted tools' whole descriptions.
+const HIDDEN_TEXTS: [&str; 2] = ["UNGRANTEDMARKER hidden tool", "UNGRANTEDMARKER secret tool"];
 const VISIBLE: [&str; 2] = ["open__echo", "mixed__allowed"];
 
 struct Fixture {
@@ -108,10 +110,8 @@ fn app(rt: &tokio::runtime::Runtime, tools: &std::path::Path, discovery: Discove
             // Calls of this tool also go through the argument-rule check.
             arguments: vec![toolgate::policy::arguments::ArgumentRules {
                 target: "mixed__allowed".into(),
-                params: toolgate::policy::arguments::parse_params(
-                    &json!({"n": {"maximum": 10}}),
-                )
-                .unwrap(),
+                params: toolgate::policy::arguments::parse_params(&json!({"n": {"maximum": 10}}))
+                    .unwrap(),
             }],
             users: Vec::new(),
         }],
@@ -135,16 +135,9 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
     group(
         &tools,
         "mixed",
-        &[
-            ("allowed", "An allowed tool."),
-            ("hidden", &format!("{MARKER} hidden tool")),
-        ],
+        &[("allowed", "An allowed tool."), ("hidden", HIDDEN_TEXTS[0])],
     );
-    group(
-        &tools,
-        "secret",
-        &[("peek", &format!("{MARKER} secret tool"))],
-    );
+    group(&tools, "secret", &[("peek", HIDDEN_TEXTS[1])]);
     let full = app(&rt, &tools, Discovery::Full);
     let search = app(&rt, &tools, Discovery::Search);
     Fixture { rt, full, search }
@@ -258,8 +251,20 @@ fuzz_target!(|data: &[u8]| {
         "500: {}",
         String::from_utf8_lossy(&body)
     );
+    // The server may echo what it was sent (an unknown method's name, in its error): text the
+    // input holds is no leak. Without the marker in the input, none of it may come back; with
+    // it, no ungranted tool's description the input does not hold.
+    let contains =
+        |hay: &[u8], needle: &str| hay.windows(needle.len()).any(|w| w == needle.as_bytes());
+    let leaked = if contains(data, MARKER) {
+        HIDDEN_TEXTS
+            .iter()
+            .any(|t| contains(&body, t) && !contains(data, t))
+    } else {
+        contains(&body, MARKER)
+    };
     assert!(
-        !body.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
+        !leaked,
         "an ungranted tool's definition was sent: {}",
         String::from_utf8_lossy(&body)
     );

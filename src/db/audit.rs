@@ -129,23 +129,7 @@ pub async fn append_in_tx(
     instance: &str,
     event: AuditEvent,
 ) -> sqlx::Result<()> {
-    ensure_partition(conn, event.at).await?;
-    // One writer of this chain at a time; held until the caller commits.
-    sqlx::query("SELECT pg_advisory_xact_lock(7470113)")
-        .execute(&mut *conn)
-        .await?;
-    let last: Option<(i64, String)> = sqlx::query_as(
-        "SELECT chain_seq, hash FROM audit_events WHERE chain = $1 ORDER BY chain_seq DESC LIMIT 1",
-    )
-    .bind(chain::CONTROL_PLANE)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let (seq, hash) = last.unwrap_or((0, chain::GENESIS.to_owned()));
-    let row = chain::extend(chain::CONTROL_PLANE, (seq, &hash), instance, event);
-    let mut qb: QueryBuilder<Postgres> = QueryBuilder::new(INSERT);
-    qb.push_values(std::slice::from_ref(&row), |mut b, r| push_row(&mut b, r));
-    qb.build().execute(&mut *conn).await?;
-    Ok(())
+    append_many_in_tx(conn, instance, vec![event]).await
 }
 
 /// Appends `events`, in order, to the control-plane chain inside the caller's transaction:
