@@ -14,9 +14,12 @@
 //!   such as "commit", "Slack", "PR" work in any language);
 //! - every word that the [lexicon](lexicon.txt) knows, in any of the four languages (matched
 //!   after that language's Snowball stemmer), also searches the lexicon's English targets, at a
-//!   lower weight ("dossier" → directory, folder; "ticket" → issue);
+//!   lower weight ("dossier" → directory, folder; "ticket" → issue); a request with more
+//!   English function words than any other language's uses the English column only, and a
+//!   function word is looked up in its own language's column only;
 //! - a German compound the lexicon does not know is split where both parts are known
-//!   ("Ordnerstruktur" → Ordner + Struktur).
+//!   ("Ordnerstruktur" → Ordner + Struktur), or else reduced to its known head
+//!   ("Anmeldeseite" → Seite).
 //!
 //! Each term carries the highest weight any word gave it. Nothing here depends on the catalog,
 //! so a query's terms are the same for every caller.
@@ -731,5 +734,28 @@ mod tests {
             prefix_min: 0,
         };
         assert!(!has(&query_terms("file a ticket", &plain), "issu"));
+    }
+
+    #[test]
+    fn english_requests_skip_the_other_columns_and_compounds_keep_their_head() {
+        let a = QueryAnalysis {
+            languages: true,
+            lexicon_weight: 0.7,
+            decompound: true,
+            hint_weight: 0.0,
+            prefix_min: 0,
+        };
+        // "page" is a French source (of "fetch url"), but this request is English.
+        let q = query_terms("is the word there anywhere on this page?", &a);
+        assert!(!has(&q, "fetch"), "{q:?}");
+        // "mes" is a French function word, not the Spanish month.
+        let q = query_terms("range mes documents dans un dossier", &a);
+        assert!(!has(&q, "month"), "{q:?}");
+        // A German stop word is still a word of the German column ("bitte" → ask).
+        let q = query_terms("bitte Sam, sich den Pull Request anzusehen", &a);
+        assert!(has(&q, "review"), "{q:?}");
+        // A compound whose head alone is known searches the head.
+        let q = query_terms("die Anmeldeseite läuft in ein Timeout", &a);
+        assert!(has(&q, "page"), "{q:?}");
     }
 }
