@@ -14,9 +14,12 @@
 //!   such as "commit", "Slack", "PR" work in any language);
 //! - every word that the [lexicon](lexicon.txt) knows, in any of the four languages (matched
 //!   after that language's Snowball stemmer), also searches the lexicon's English targets, at a
-//!   lower weight ("dossier" → directory, folder; "ticket" → issue);
+//!   lower weight ("dossier" → directory, folder; "ticket" → issue); a request with more
+//!   English function words than any other language's uses the English column only, and a
+//!   function word is looked up in its own language's column only;
 //! - a German compound the lexicon does not know is split where both parts are known
-//!   ("Ordnerstruktur" → Ordner + Struktur).
+//!   ("Ordnerstruktur" → Ordner + Struktur), or else reduced to its known head
+//!   ("Anmeldeseite" → Seite).
 //!
 //! Each term carries the highest weight any word gave it. Nothing here depends on the catalog,
 //! so a query's terms are the same for every caller.
@@ -40,7 +43,10 @@ const STOP_WORDS: [&str; 33] = [
 const CONVERSATION_STOP: &[&str] = &[
     "i", "me", "my", "mine", "we", "our", "us", "you", "your", "what", "which", "please", "can",
     "could", "would", "do", "does", "did", "have", "has", "had", "just", "so", "any", "some",
-    "there", "here", "want", "need", "let", "lets", "s", "m", "re", "ve", "ll", "d",
+    "there", "here", "want", "need", "let", "lets", "s", "m", "re", "ve", "ll", "d", "hey", "hi",
+    "hello", "thanks", "thank", "pls", "plz", "ok", "okay", "also", "really", "actually", "even",
+    "maybe", "those", "them", "its", "am", "been", "being", "were", "should", "might", "must",
+    "shall", "may", "how", "why", "whether", "quickly",
 ];
 
 /// Function words (accents folded): articles, pronouns, prepositions, auxiliaries. They tell
@@ -52,7 +58,10 @@ const FRENCH_STOP: &[&str] = &[
     "elles", "me", "moi", "te", "toi", "se", "que", "qui", "quoi", "dont", "est", "sont", "suis",
     "etre", "avons", "ont", "pour", "par", "sur", "dans", "avec", "sans", "sous", "chez", "pas",
     "ne", "plus", "quel", "quelle", "quels", "quelles", "qu", "ca", "cela", "ici", "si", "deja",
-    "encore", "tres", "aussi", "mais", "comme",
+    "encore", "tres", "aussi", "mais", "comme", "peux", "peut", "pourrais", "pourriez", "pouvez",
+    "veux", "voudrais", "aimerais", "merci", "stp", "svp", "ai", "as", "avez", "etait", "sera",
+    "serait", "ceci", "celui", "celle", "ceux", "lequel", "laquelle", "lesquels", "juste", "alors",
+    "donc", "puis", "bien", "vraiment", "quelque", "quelques", "chose", "faut",
 ];
 const GERMAN_STOP: &[&str] = &[
     "der",
@@ -152,6 +161,41 @@ const GERMAN_STOP: &[&str] = &[
     "wurde",
     "bisher",
     "alles",
+    "kannst",
+    "koenntest",
+    "moechte",
+    "moechtest",
+    "will",
+    "willst",
+    "wuerde",
+    "wuerdest",
+    "muss",
+    "musst",
+    "sollst",
+    "doch",
+    "eigentlich",
+    "gern",
+    "gerne",
+    "eben",
+    "einfach",
+    "denn",
+    "sich",
+    "ihm",
+    "ihn",
+    "ihnen",
+    "man",
+    "wenn",
+    "als",
+    "um",
+    "am",
+    "dort",
+    "etwas",
+    "jemand",
+    "hast",
+    "habt",
+    "ja",
+    "nun",
+    "wohl",
 ];
 const SPANISH_STOP: &[&str] = &[
     "el", "la", "los", "las", "lo", "un", "una", "unos", "unas", "y", "o", "de", "del", "al", "en",
@@ -159,7 +203,11 @@ const SPANISH_STOP: &[&str] = &[
     "ese", "esa", "mi", "mis", "tu", "tus", "su", "sus", "nuestro", "nuestra", "nuestros",
     "nuestras", "me", "te", "se", "le", "les", "nos", "yo", "hay", "como", "cual", "cuales",
     "donde", "cuando", "todavia", "ya", "muy", "mas", "pero", "si", "sin", "sobre", "tengo",
-    "tiene", "he", "ha", "han", "lo", "algun", "alguna", "quien", "quienes",
+    "tiene", "he", "ha", "han", "lo", "algun", "alguna", "quien", "quienes", "puedes", "podrias",
+    "puede", "podria", "quiero", "quisiera", "necesito", "favor", "gracias", "porfa", "mismo",
+    "misma", "eso", "esto", "aqui", "alli", "entonces", "tambien", "algo", "nada", "ti", "usted",
+    "ustedes", "nosotros", "ella", "ellos", "ellas", "estoy", "sea", "ser", "fue", "era", "has",
+    "hemos", "tienes", "tenemos", "uno", "cada",
 ];
 
 /// A query language other than English.
@@ -424,6 +472,26 @@ pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
         *e = e.max(w);
     };
     let lexicon = &*LEXICON;
+    let stop_in = |l: Lang, f: &str| match l {
+        Lang::En => STOP_WORDS.contains(&f) || CONVERSATION_STOP.contains(&f),
+        _ => l.is_stop(f),
+    };
+    // A request with more English function words than those of any other language is read
+    // as English: the other columns of the lexicon are not looked up, since many of their
+    // words are English words too ("page", "link", "web", "base").
+    let english_led = {
+        let mut counts = [0usize; 4];
+        for w in &ws {
+            let f = fold(w);
+            for (i, l) in Lang::ALL.into_iter().enumerate() {
+                if stop_in(l, &f) {
+                    counts[i] += 1;
+                }
+            }
+        }
+        counts[0] > counts[1..].iter().copied().max().unwrap_or(0)
+    };
+    let lexicon_langs: &[Lang] = if english_led { &[Lang::En] } else { langs };
     for w in &ws {
         let folded = fold(w);
         if is_fragment(&folded) {
@@ -433,7 +501,12 @@ pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
             || langs.iter().any(|l| l.is_stop(&folded));
         if a.lexicon_weight > 0.0 {
             let mut found = false;
-            for &l in langs {
+            for &l in lexicon_langs {
+                // A function word of one language is not looked up in another's column
+                // (French "mes" is not Spanish "mes", month); in its own it may be ("bitte").
+                if stop && !stop_in(l, &folded) {
+                    continue;
+                }
                 if let Some(targets) = lexicon.get(l, &folded) {
                     found = true;
                     for t in targets {
@@ -451,7 +524,7 @@ pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
                     }
                 }
             }
-            if !found && a.decompound && a.languages {
+            if !found && a.decompound && a.languages && !stop {
                 for t in decompound(lexicon, &folded) {
                     put(&t, a.lexicon_weight);
                 }
@@ -536,7 +609,9 @@ pub fn hints(text: &str) -> Vec<&'static str> {
 }
 
 /// The lexicon targets of a German compound made of two known words, with an optional linking
-/// `s` ("Besprechungsnotizen"); empty when no split has both parts known.
+/// element (`s`, `es`, `n`, `en`, `e`: "Besprechungsnotizen", "Nachrichtenverlauf"); failing
+/// that, of its known head alone, the last part of at least five letters ("Anmeldeseite" →
+/// Seite), since the head says what the compound is. Empty when no part is known.
 fn decompound(lexicon: &Lexicon, word: &str) -> Vec<String> {
     let chars: Vec<char> = word.chars().collect();
     if chars.len() < 8 {
@@ -549,11 +624,20 @@ fn decompound(lexicon: &Lexicon, word: &str) -> Vec<String> {
             continue;
         };
         let l = lexicon.get(Lang::De, &left).or_else(|| {
-            left.strip_suffix('s')
-                .and_then(|l| lexicon.get(Lang::De, l))
+            ["s", "es", "n", "en", "e"].iter().find_map(|link| {
+                left.strip_suffix(link)
+                    .filter(|l| l.chars().count() >= 3)
+                    .and_then(|l| lexicon.get(Lang::De, l))
+            })
         });
         if let Some(l) = l {
             return l.iter().chain(r).cloned().collect();
+        }
+    }
+    for i in 3..=chars.len() - 5 {
+        let right: String = chars[i..].iter().collect();
+        if let Some(r) = lexicon.get(Lang::De, &right) {
+            return r.to_vec();
         }
     }
     Vec::new()
@@ -650,5 +734,28 @@ mod tests {
             prefix_min: 0,
         };
         assert!(!has(&query_terms("file a ticket", &plain), "issu"));
+    }
+
+    #[test]
+    fn english_requests_skip_the_other_columns_and_compounds_keep_their_head() {
+        let a = QueryAnalysis {
+            languages: true,
+            lexicon_weight: 0.7,
+            decompound: true,
+            hint_weight: 0.0,
+            prefix_min: 0,
+        };
+        // "page" is a French source (of "fetch url"), but this request is English.
+        let q = query_terms("is the word there anywhere on this page?", &a);
+        assert!(!has(&q, "fetch"), "{q:?}");
+        // "mes" is a French function word, not the Spanish month.
+        let q = query_terms("range mes documents dans un dossier", &a);
+        assert!(!has(&q, "month"), "{q:?}");
+        // A German stop word is still a word of the German column ("bitte" → ask).
+        let q = query_terms("bitte Sam, sich den Pull Request anzusehen", &a);
+        assert!(has(&q, "review"), "{q:?}");
+        // A compound whose head alone is known searches the head.
+        let q = query_terms("die Anmeldeseite läuft in ein Timeout", &a);
+        assert!(has(&q, "page"), "{q:?}");
     }
 }
