@@ -702,15 +702,20 @@ mod tests {
         terms.iter().any(|(x, _)| x == t)
     }
 
-    #[test]
-    fn foreign_words_search_their_english_terms_below_typed_words() {
-        let a = QueryAnalysis {
+    /// Languages, the lexicon at the default weight and compounds on; no hints or prefixes.
+    fn lexicon_on() -> QueryAnalysis {
+        QueryAnalysis {
             languages: true,
             lexicon_weight: 0.7,
             decompound: true,
             hint_weight: 0.0,
             prefix_min: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn foreign_words_search_their_english_terms_below_typed_words() {
+        let a = lexicon_on();
         let q = query_terms("crée un dossier dans mes documents", &a);
         assert!(has(&q, "directori") && has(&q, "folder"), "{q:?}");
         let q = query_terms("¿qué hora es ahora mismo?", &a);
@@ -738,13 +743,7 @@ mod tests {
 
     #[test]
     fn english_requests_skip_the_other_columns_and_compounds_keep_their_head() {
-        let a = QueryAnalysis {
-            languages: true,
-            lexicon_weight: 0.7,
-            decompound: true,
-            hint_weight: 0.0,
-            prefix_min: 0,
-        };
+        let a = lexicon_on();
         // "page" is a French source (of "fetch url"), but this request is English.
         let q = query_terms("is the word there anywhere on this page?", &a);
         assert!(!has(&q, "fetch"), "{q:?}");
