@@ -7,6 +7,7 @@ pub mod definition;
 pub mod loader;
 pub mod runner;
 pub mod sandbox;
+pub mod spawn;
 pub mod watcher;
 
 use std::collections::BTreeMap;

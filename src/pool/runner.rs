@@ -2,14 +2,14 @@
 //! kept (bounded) for the caller on failure, and the exit code says which it was. The script
 //! runs confined (see [`super::sandbox`]) with a temporary directory of its own in `TMPDIR`.
 
-use std::process::Stdio;
+use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
 
 use super::ScriptSpec;
+use super::spawn::spawn;
 use crate::telemetry::TraceContext;
 
 /// Bounds on what a script may print.
@@ -115,22 +115,14 @@ pub async fn run(
     };
     let remaining = spec.timeout.saturating_sub(started.elapsed());
 
-    let mut cmd = Command::new(&spec.script);
-    cmd.current_dir(&spec.workdir)
-        .env_clear()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own process group, so a timeout can kill everything the script started.
-        .process_group(0)
-        .kill_on_drop(true);
+    let mut env: Vec<(OsString, OsString)> = Vec::with_capacity(BASE_ENV.len() + 4);
     for name in BASE_ENV
         .iter()
         .copied()
         .chain(spec.env_allow.iter().map(String::as_str))
     {
-        if let Ok(value) = std::env::var(name) {
-            cmd.env(name, value);
+        if let Some(value) = std::env::var_os(name) {
+            env.push((name.into(), value));
         }
     }
     // Set after the allowed variables: the gateway's own TRACEPARENT, if it has one, is not
@@ -140,27 +132,26 @@ pub async fn run(
         ("TRACESTATE", &trace.tracestate),
     ] {
         if let Some(v) = value {
-            cmd.env(name, v);
+            env.retain(|(n, _)| n != name);
+            env.push((name.into(), v.into()));
         }
     }
     // Removed when this function returns, after everything the script started is gone.
-    let _call_dir = match spec.sandbox.prepare(&spec.workdir) {
-        Ok(Some((confinement, dir))) => {
-            cmd.env("TMPDIR", dir.path());
-            super::sandbox::confine(&mut cmd, confinement);
-            Some(dir)
+    let (confine, _call_dir) = match spec.sandbox.prepare(&spec.workdir) {
+        Ok(Some((confine, dir))) => {
+            env.retain(|(n, _)| n != "TMPDIR");
+            env.push(("TMPDIR".into(), dir.path().into()));
+            (Some(confine), Some(dir))
         }
-        Ok(None) => None,
+        Ok(None) => (None, None),
         Err(e) => {
             return ScriptOutcome::SpawnFailed {
                 reason: format!("cannot prepare the sandbox: {e}"),
             };
         }
     };
-    let spawned = cmd.spawn();
-    // The command holds the Landlock ruleset; it is not needed once the child runs.
-    drop(cmd);
-    let mut child = match spawned {
+    // The child is killed if this future is dropped (the caller went away).
+    let mut child = match spawn(&spec.script, &spec.workdir, &env, confine) {
         Ok(c) => c,
         Err(e) => {
             return ScriptOutcome::SpawnFailed {
@@ -168,7 +159,7 @@ pub async fn run(
             };
         }
     };
-    let pgid = child.id().map(|id| id as i32);
+    let pgid = Some(child.id() as i32);
 
     let input = serde_json::to_vec(args).unwrap_or_else(|_| b"{}".to_vec());
     let mut stdin = child.stdin.take();

@@ -9,8 +9,7 @@
 //! - **`PR_SET_PDEATHSIG`**: a script dies with the gateway, even after `kill -9`.
 //! - **Resource limits** per group, and optionally a dedicated uid.
 //!
-//! Everything is built in the parent; the code that runs between `fork` and `exec` only makes
-//! system calls, because the gateway is multi-threaded and its allocator may be locked there.
+//! Everything is built in the parent; [`super::spawn`] takes the steps between clone and `exec`.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -22,6 +21,8 @@ use landlock::{
 };
 use nix::sys::resource::Resource;
 use nix::unistd::{Gid, Pid, Uid};
+
+use super::spawn::Confine;
 use serde::Deserialize;
 
 /// The Landlock ABI whose rights are asked for: filesystem (with truncate and device ioctls),
@@ -353,18 +354,9 @@ impl Drop for CallDir {
     }
 }
 
-/// Everything the child needs between `fork` and `exec`, built in the parent.
-pub struct Confinement {
-    ruleset: Option<RulesetCreated>,
-    pid_namespace: bool,
-    rlimits: [(Resource, u64, u64); 5],
-    user: Option<(Uid, Gid, Vec<Gid>)>,
-    gateway: Pid,
-}
-
 impl Sandbox {
     /// Prepares one run of a script living in `folder`. `None` when the sandbox is off.
-    pub fn prepare(&self, folder: &Path) -> io::Result<Option<(Confinement, CallDir)>> {
+    pub fn prepare(&self, folder: &Path) -> io::Result<Option<(Confine, CallDir)>> {
         if self.settings.mode == Mode::Off {
             return Ok(None);
         }
@@ -389,16 +381,22 @@ impl Sandbox {
             Err(_) => None,
         };
         Ok(Some((
-            Confinement {
-                ruleset,
+            Confine {
                 pid_namespace: host.pid_namespace.is_ok(),
-                rlimits: self.limits.rlimits(),
-                user: self
-                    .settings
-                    .user
-                    .as_ref()
-                    .map(|u| (u.uid, u.gid, u.groups.clone())),
-                gateway: Pid::this(),
+                user: self.settings.user.as_ref().map(|u| {
+                    (
+                        u.uid.as_raw(),
+                        u.gid.as_raw(),
+                        u.groups.iter().map(|g| g.as_raw()).collect(),
+                    )
+                }),
+                rlimits: self
+                    .limits
+                    .rlimits()
+                    .iter()
+                    .map(|&(resource, soft, hard)| (resource as _, soft, hard))
+                    .collect(),
+                landlock: ruleset.and_then(Option::<std::os::fd::OwnedFd>::from),
             },
             dir,
         )))
@@ -433,97 +431,6 @@ impl Sandbox {
             .add_rule(PathBeneath::new(folder, read))
             .and_then(|r| r.add_rule(PathBeneath::new(tmp, all)))
             .map_err(|e| e.to_string())
-    }
-}
-
-/// Has `cmd` enter the confinement between `fork` and `exec`.
-#[allow(unsafe_code)]
-pub fn confine(cmd: &mut tokio::process::Command, confinement: Confinement) {
-    let mut confinement = Some(confinement);
-    // SAFETY: the closure runs in the child after fork. `Confinement::enter` only makes system
-    // calls on values built before the fork: no allocation, no lock, no unwinding into std.
-    unsafe {
-        cmd.pre_exec(move || match confinement.take() {
-            Some(c) => c.enter(),
-            None => Err(io::Error::from_raw_os_error(nix::libc::EINVAL)),
-        });
-    }
-}
-
-impl Confinement {
-    /// Runs in the forked child: async-signal-safe system calls only.
-    #[allow(unsafe_code)]
-    fn enter(mut self) -> io::Result<()> {
-        use nix::sys::signal::Signal;
-        if self.pid_namespace {
-            // This process stays outside the namespace and relays the exit status; its child
-            // is the namespace's init and execs the script. Both die with their parent. The
-            // kernel fires the death signal when the parent *thread* ends: the runner spawns
-            // from runtime worker threads, which live as long as the gateway.
-            die_with_parent(self.gateway)?;
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID)?;
-            // SAFETY: this forked child has one thread, and the code after fork in both
-            // branches only makes system calls.
-            match unsafe { nix::unistd::fork() }? {
-                nix::unistd::ForkResult::Parent { child } => relay(child),
-                nix::unistd::ForkResult::Child => {}
-            }
-        }
-        if let Some((uid, gid, groups)) = &self.user {
-            nix::unistd::setgroups(groups)?;
-            nix::unistd::setgid(*gid)?;
-            nix::unistd::setuid(*uid)?;
-        }
-        // After the uid change: changing credentials clears the parent-death signal.
-        nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-        if !self.pid_namespace && nix::unistd::getppid() != self.gateway {
-            return Err(io::Error::from_raw_os_error(nix::libc::ESRCH));
-        }
-        for (resource, soft, hard) in self.rlimits {
-            nix::sys::resource::setrlimit(resource, soft, hard)?;
-        }
-        if let Some(ruleset) = self.ruleset.take() {
-            ruleset
-                .restrict_self()
-                .map_err(|_| io::Error::from_raw_os_error(nix::libc::EPERM))?;
-        }
-        Ok(())
-    }
-}
-
-/// The death signal fires when the parent exits; if it already has, give up at once.
-fn die_with_parent(parent: Pid) -> io::Result<()> {
-    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-    if nix::unistd::getppid() != parent {
-        return Err(io::Error::from_raw_os_error(nix::libc::ESRCH));
-    }
-    Ok(())
-}
-
-/// The process outside the namespace: holds nothing open, waits for the init and ends the
-/// same way, so the runner sees the script's own exit code or signal.
-#[allow(unsafe_code)]
-fn relay(child: Pid) -> ! {
-    use nix::sys::wait::{WaitStatus, waitpid};
-    // SAFETY: plain system calls. Closing every descriptor drops this process's copies of the
-    // pipes, so the gateway sees end-of-file when the script's side closes.
-    unsafe {
-        nix::libc::syscall(nix::libc::SYS_close_range, 0u32, u32::MAX, 0u32);
-    }
-    loop {
-        match waitpid(child, None) {
-            Ok(WaitStatus::Exited(_, code)) => unsafe { nix::libc::_exit(code) },
-            Ok(WaitStatus::Signaled(_, signal, _)) => {
-                // SAFETY: resetting a disposition and signalling oneself are plain syscalls.
-                unsafe {
-                    nix::libc::signal(signal as i32, nix::libc::SIG_DFL);
-                    nix::libc::kill(nix::libc::getpid(), signal as i32);
-                    nix::libc::_exit(128 + signal as i32)
-                }
-            }
-            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => unsafe { nix::libc::_exit(127) },
-        }
     }
 }
 
