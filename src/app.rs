@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 
 use crate::config::{RedisFailureMode, ScriptSandbox, ServeArgs};
 use crate::metrics::Metrics;
-use crate::policy::snapshot::PolicyHandle;
+use crate::policy::snapshot::{Parts, PolicyHandle};
 use crate::pool::loader::{LoaderSettings, load_pool};
 use crate::pool::runner::OutputLimits;
 use crate::pool::sandbox::{Mode, SandboxSettings, ScriptUser};
@@ -213,6 +213,7 @@ pub struct Inner {
     reload_lock: std::sync::Mutex<()>,
     /// Serialises writes of the catalog table.
     catalog_sync: tokio::sync::Mutex<()>,
+    policy_reload: tokio::sync::Mutex<()>,
 }
 
 /// Shared by every handler.
@@ -267,6 +268,7 @@ impl AppState {
             in_flight: std::sync::atomic::AtomicUsize::new(0),
             reload_lock: std::sync::Mutex::new(()),
             catalog_sync: tokio::sync::Mutex::new(()),
+            policy_reload: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -368,9 +370,29 @@ impl AppState {
 
     /// Re-reads the control plane from Postgres into the snapshot.
     pub async fn reload_policy(&self) -> sqlx::Result<()> {
-        let state = db::policy::load_state(&self.db).await?;
-        self.policy.set_state(state);
-        self.reconcile_upstreams().await?;
+        self.reload_parts(Parts::ALL).await
+    }
+
+    /// Re-reads the `parts` of the control plane that a change touched.
+    pub async fn reload_parts(&self, parts: Parts) -> sqlx::Result<()> {
+        // One reload at a time: one that read earlier must not swap in its state after one
+        // that read later (a service's own refresh racing the listener's).
+        let _one_at_a_time = self.policy_reload.lock().await;
+        let t = std::time::Instant::now();
+        if parts.intersects(Parts::ALL_STATE) {
+            let fresh = db::policy::load_parts(&self.db, parts).await?;
+            let loaded = t.elapsed();
+            self.policy.merge_state(parts, fresh);
+            tracing::debug!(
+                ?parts,
+                load_ms = loaded.as_secs_f64() * 1e3,
+                build_ms = (t.elapsed() - loaded).as_secs_f64() * 1e3,
+                "policy reloaded"
+            );
+        }
+        if parts.contains(Parts::UPSTREAMS) {
+            self.reconcile_upstreams().await?;
+        }
         self.refresh_gauges();
         if self.policy.load().held_count() > 0 {
             // A group pinned elsewhere (another instance, the command line) may hold tools that
@@ -511,10 +533,14 @@ fn spawn_listener(state: AppState, first: Option<sqlx::postgres::PgListener>) {
             if let Some(mut listener) = listener {
                 loop {
                     match listener.recv().await {
-                        Ok(_) => {
-                            // Coalesce a burst of notifications into one reload.
-                            while listener.next_buffered().is_some() {}
-                            if let Err(e) = state.reload_policy().await {
+                        Ok(first) => {
+                            // Coalesce a burst of notifications into one reload of what
+                            // they name.
+                            let mut parts = Parts::of_table(first.payload());
+                            while let Some(n) = listener.next_buffered() {
+                                parts |= Parts::of_table(n.payload());
+                            }
+                            if let Err(e) = state.reload_parts(parts).await {
                                 tracing::warn!(error = %e, "policy reload failed");
                             }
                         }

@@ -13,7 +13,7 @@ use crate::db;
 use crate::db::policy::AgentSettings;
 use crate::policy::GrantTarget;
 use crate::policy::arguments::{self, ArgumentRules, RuleProblem};
-use crate::policy::snapshot::{Discovery, GrantMatch, PolicySnapshot, RateLimitRecord};
+use crate::policy::snapshot::{Discovery, GrantMatch, Parts, PolicySnapshot, RateLimitRecord};
 
 /// Why a control-plane operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -32,8 +32,10 @@ pub enum ServiceError {
 
 pub type Result<T, E = ServiceError> = std::result::Result<T, E>;
 
-async fn refresh(state: &AppState) {
-    if let Err(e) = state.reload_policy().await {
+/// Brings this instance's snapshot up to a change just committed, so that the caller's next
+/// request sees it; other instances (and this one again) follow the NOTIFY.
+async fn refresh(state: &AppState, parts: Parts) {
+    if let Err(e) = state.reload_parts(parts).await {
         tracing::warn!(error = %e, "refreshing the policy snapshot failed; NOTIFY will catch up");
     }
 }
@@ -114,7 +116,7 @@ pub async fn create_agent(
     };
     db::policy::create_agent(&mut tx, actor, name, &settings).await?;
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::of_table("agents")).await;
     Ok(())
 }
 
@@ -124,7 +126,7 @@ pub async fn delete_agent(state: &AppState, actor: &str, name: &str) -> Result<(
         return Err(ServiceError::NotFound(format!("agent `{name}`")));
     }
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::of_table("agents")).await;
     Ok(())
 }
 
@@ -178,7 +180,7 @@ pub async fn add_grant(
         )));
     }
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::AGENTS).await;
     let (matched, suggestions) = preview_grant(&state.policy.load(), target)?;
     let warning = matched.is_empty().then(|| {
         let hint = suggestions
@@ -204,7 +206,7 @@ pub async fn remove_grant(state: &AppState, actor: &str, agent: &str, target: &s
         )));
     }
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::AGENTS).await;
     Ok(())
 }
 
@@ -272,7 +274,7 @@ pub async fn create_client_live(
     jwks: Option<Value>,
 ) -> Result<NewClient> {
     let c = create_client(&state.db, actor, agent, description, jwks).await?;
-    refresh(state).await;
+    refresh(state, Parts::of_table("oauth_clients")).await;
     Ok(c)
 }
 
@@ -282,7 +284,7 @@ pub async fn delete_client(state: &AppState, actor: &str, client_id: &str) -> Re
         return Err(ServiceError::NotFound(format!("client `{client_id}`")));
     }
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::of_table("oauth_clients")).await;
     Ok(())
 }
 
@@ -296,7 +298,7 @@ pub async fn revoke_jti(
     let mut tx = state.db.begin().await?;
     db::policy::revoke(&mut tx, actor, jti, expires_at).await?;
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::REVOKED).await;
     Ok(())
 }
 
@@ -331,7 +333,7 @@ pub async fn set_limits(
     let mut tx = state.db.begin().await?;
     db::policy::set_limits(&mut tx, actor, agent, &before, &limits).await?;
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::AGENTS).await;
     Ok(())
 }
 
@@ -363,7 +365,7 @@ pub async fn set_argument_rules(
         return Err(ServiceError::NotFound(format!("agent `{agent}`")));
     }
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::AGENTS).await;
     let problems = state
         .policy
         .load()
@@ -448,7 +450,7 @@ pub async fn delete_argument_rules(
         )));
     }
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::AGENTS).await;
     Ok(())
 }
 
@@ -485,7 +487,7 @@ pub async fn set_upstream(
     let before = db::policy::upstreams(&mut tx).await?.remove(name);
     db::policy::set_upstream(&mut tx, actor, name, before.as_ref(), &spec).await?;
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::UPSTREAMS).await;
     Ok(())
 }
 
@@ -495,7 +497,7 @@ pub async fn delete_upstream(state: &AppState, actor: &str, name: &str) -> Resul
         return Err(ServiceError::NotFound(format!("upstream `{name}`")));
     }
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::UPSTREAMS).await;
     Ok(())
 }
 
@@ -582,7 +584,7 @@ pub async fn decide_tool(
         .await?
         .ok_or_else(|| ServiceError::NotFound(format!("a held definition of tool `{name}`")))?;
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::PINS).await;
     Ok(decided)
 }
 
@@ -625,7 +627,7 @@ pub async fn set_group_pin(
         0
     };
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::PINS).await;
     Ok(GroupPin {
         group: group.to_owned(),
         pin,
@@ -662,7 +664,7 @@ pub async fn add_agent_user(
         return Err(ServiceError::NotFound(format!("agent `{agent}`")));
     }
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::AGENTS).await;
     Ok(())
 }
 
@@ -680,7 +682,7 @@ pub async fn remove_agent_user(
         )));
     }
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::AGENTS).await;
     Ok(())
 }
 
@@ -740,7 +742,7 @@ pub async fn delete_public_client_live(
     client_id: &str,
 ) -> Result<()> {
     delete_public_client(&state.db, actor, client_id).await?;
-    refresh(state).await;
+    refresh(state, Parts::of_table("oauth_clients")).await;
     Ok(())
 }
 
@@ -757,6 +759,6 @@ pub async fn revoke_authorization(
         return Err(ServiceError::NotFound(format!("authorization `{id}`")));
     }
     tx.commit().await?;
-    refresh(state).await;
+    refresh(state, Parts::AUTHORIZATIONS).await;
     Ok(())
 }

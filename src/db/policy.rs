@@ -11,43 +11,57 @@ use super::record_change;
 use crate::limits::{Limit, Period};
 use crate::policy::arguments::ArgumentRules;
 use crate::policy::snapshot::{
-    AgentRecord, ClientRecord, Discovery, GrantRecord, PolicyState, RateLimitRecord, VerifyKey,
+    AgentRecord, ClientRecord, Discovery, GrantRecord, Parts, PolicyState, RateLimitRecord,
+    VerifyKey,
 };
 
 /// Reads everything the policy snapshot is built from, in one repeatable-read transaction so
 /// that the snapshot never mixes two states.
 pub async fn load_state(pool: &PgPool) -> sqlx::Result<PolicyState> {
+    load_parts(pool, Parts::ALL).await
+}
+
+/// Reads the `parts` of the policy state, in one repeatable-read transaction; the other
+/// fields are left empty, for [`crate::policy::snapshot::PolicyHandle::merge_state`].
+pub async fn load_parts(pool: &PgPool, parts: Parts) -> sqlx::Result<PolicyState> {
     let mut tx = pool.begin().await?;
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .execute(&mut *tx)
         .await?;
-    let agents = agents(&mut tx).await?;
-    let clients = sqlx::query(
-        "SELECT c.client_id, a.name FROM oauth_clients c JOIN agents a ON a.id = c.agent_id",
-    )
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .map(|r| ClientRecord {
-        client_id: r.get(0),
-        agent: r.get(1),
-    })
-    .collect();
-    let revoked = sqlx::query_scalar("SELECT jti FROM revoked_tokens WHERE expires_at > now()")
+    let mut state = PolicyState::default();
+    if parts.contains(Parts::AGENTS) {
+        state.agents = agents(&mut tx).await?;
+    }
+    if parts.contains(Parts::CLIENTS) {
+        state.clients = sqlx::query(
+            "SELECT c.client_id, a.name FROM oauth_clients c JOIN agents a ON a.id = c.agent_id",
+        )
         .fetch_all(&mut *tx)
-        .await?;
-    let keys = verify_keys(&mut tx).await?;
-    let pins = super::pins::load(&mut tx).await?;
-    let authorizations = super::authorizations::live(&mut tx).await?;
+        .await?
+        .into_iter()
+        .map(|r| ClientRecord {
+            client_id: r.get(0),
+            agent: r.get(1),
+        })
+        .collect();
+    }
+    if parts.contains(Parts::REVOKED) {
+        state.revoked =
+            sqlx::query_scalar("SELECT jti FROM revoked_tokens WHERE expires_at > now()")
+                .fetch_all(&mut *tx)
+                .await?;
+    }
+    if parts.contains(Parts::KEYS) {
+        state.keys = verify_keys(&mut tx).await?;
+    }
+    if parts.contains(Parts::PINS) {
+        state.pins = super::pins::load(&mut tx).await?;
+    }
+    if parts.contains(Parts::AUTHORIZATIONS) {
+        state.authorizations = super::authorizations::live(&mut tx).await?;
+    }
     tx.commit().await?;
-    Ok(PolicyState {
-        pins,
-        agents,
-        clients,
-        revoked,
-        keys,
-        authorizations,
-    })
+    Ok(state)
 }
 
 async fn agents(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRecord>> {

@@ -175,6 +175,68 @@ impl PinState {
     }
 }
 
+/// Which parts of the control plane a change touched, so that a reload re-reads only those:
+/// a new client or a revoked token must not re-read 10,000 agents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Parts(u8);
+
+impl Parts {
+    pub const AGENTS: Parts = Parts(1);
+    pub const CLIENTS: Parts = Parts(1 << 1);
+    pub const REVOKED: Parts = Parts(1 << 2);
+    pub const KEYS: Parts = Parts(1 << 3);
+    pub const PINS: Parts = Parts(1 << 4);
+    pub const AUTHORIZATIONS: Parts = Parts(1 << 5);
+    /// Not in [`PolicyState`]: the upstream supervisors follow the `upstreams` table.
+    pub const UPSTREAMS: Parts = Parts(1 << 6);
+    pub const ALL: Parts = Parts((1 << 7) - 1);
+    /// Every part held in [`PolicyState`].
+    pub const ALL_STATE: Parts = Parts((1 << 6) - 1);
+
+    /// What a change to `table` touches: the payload of a `toolgate_policy` notification.
+    /// A table this version does not know (a newer instance's migration, a hand-made NOTIFY)
+    /// touches everything.
+    pub fn of_table(table: &str) -> Parts {
+        match table {
+            // Clients and authorizations name their agent: an agent renamed or deleted
+            // changes them too.
+            "agents" => Parts::AGENTS | Parts::CLIENTS | Parts::AUTHORIZATIONS,
+            "agent_grants" | "rate_limits" | "agent_argument_rules" | "agent_users" => {
+                Parts::AGENTS
+            }
+            // Deleting a client deletes its authorizations.
+            "oauth_clients" => Parts::CLIENTS | Parts::AUTHORIZATIONS,
+            "revoked_tokens" => Parts::REVOKED,
+            "signing_keys" => Parts::KEYS,
+            "tool_groups" | "tool_approvals" => Parts::PINS,
+            "oauth_authorizations" => Parts::AUTHORIZATIONS,
+            "upstreams" => Parts::UPSTREAMS,
+            _ => Parts::ALL,
+        }
+    }
+
+    pub fn contains(self, other: Parts) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    pub fn intersects(self, other: Parts) -> bool {
+        self.0 & other.0 != 0
+    }
+}
+
+impl std::ops::BitOr for Parts {
+    type Output = Parts;
+    fn bitor(self, other: Parts) -> Parts {
+        Parts(self.0 | other.0)
+    }
+}
+
+impl std::ops::BitOrAssign for Parts {
+    fn bitor_assign(&mut self, other: Parts) {
+        self.0 |= other.0;
+    }
+}
+
 /// The control-plane state as read from Postgres in one go.
 #[derive(Debug, Clone, Default)]
 pub struct PolicyState {
@@ -621,6 +683,39 @@ impl PolicyHandle {
         let mut inputs = self.inputs.lock().unwrap_or_else(|p| p.into_inner());
         let t = std::time::Instant::now();
         inputs.state = Arc::new(state);
+        self.current.store(inputs.snapshot(&self.current.load()));
+        tracing::debug!(
+            ms = t.elapsed().as_millis() as u64,
+            "policy snapshot rebuilt"
+        );
+    }
+
+    /// Swaps in the `parts` of `fresh`, keeping the others of the current state: what a
+    /// reload that re-read only those parts found.
+    pub fn merge_state(&self, parts: Parts, fresh: PolicyState) {
+        let mut inputs = self.inputs.lock().unwrap_or_else(|p| p.into_inner());
+        let t = std::time::Instant::now();
+        let old = &inputs.state;
+        let mut next = fresh;
+        if !parts.contains(Parts::AGENTS) {
+            next.agents = old.agents.clone();
+        }
+        if !parts.contains(Parts::CLIENTS) {
+            next.clients = old.clients.clone();
+        }
+        if !parts.contains(Parts::REVOKED) {
+            next.revoked = old.revoked.clone();
+        }
+        if !parts.contains(Parts::KEYS) {
+            next.keys = old.keys.clone();
+        }
+        if !parts.contains(Parts::PINS) {
+            next.pins = old.pins.clone();
+        }
+        if !parts.contains(Parts::AUTHORIZATIONS) {
+            next.authorizations = old.authorizations.clone();
+        }
+        inputs.state = Arc::new(next);
         self.current.store(inputs.snapshot(&self.current.load()));
         tracing::debug!(
             ms = t.elapsed().as_millis() as u64,

@@ -284,3 +284,23 @@ impl TestApp {
         self.post_json(&uri, Some(&token), body).await.status
     }
 }
+
+/// Polls `check` every 20 ms until it holds; panics with `what` after `deadline`.
+pub async fn until<F, Fut>(
+    deadline: std::time::Duration,
+    what: &str,
+    mut check: F,
+) -> std::time::Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while start.elapsed() < deadline {
+        if check().await {
+            return start.elapsed();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("{what}: not within {deadline:?}");
+}

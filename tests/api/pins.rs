@@ -8,7 +8,7 @@ use http::StatusCode;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::helpers::{TestApp, single_op, write_group};
+use crate::helpers::{TestApp, single_op, until, write_group};
 
 fn schema() -> Value {
     json!({"type": "object", "properties": {"x": {"type": "integer"}}})
@@ -33,22 +33,6 @@ fn watch(app: &TestApp, root: &Path) -> notify::RecommendedWatcher {
         state.reload_pool();
     })
     .unwrap()
-}
-
-/// Polls `check` every 20 ms until it holds; panics with `what` after `deadline`.
-async fn until<F, Fut>(deadline: Duration, what: &str, mut check: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while start.elapsed() < deadline {
-        if check().await {
-            return start.elapsed();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("{what}: not within {deadline:?}");
 }
 
 fn description_of(list: &Value, name: &str) -> Option<String> {

@@ -4,7 +4,7 @@ use std::process::Command;
 
 use sqlx::PgPool;
 
-use crate::helpers::{TestApp, repo_path};
+use crate::helpers::{TestApp, repo_path, until};
 
 #[test]
 fn policy_check_names_file_line_and_suggestion_for_a_typo() {
@@ -316,4 +316,105 @@ async fn fractional_limits_keep_their_written_form_through_api_export_and_apply(
     .await
     .unwrap();
     assert!(report.changes.is_empty(), "{:?}", report.changes);
+}
+
+/// Changes agent `x`'s description with the triggers off: no notification is sent.
+async fn edit_unannounced(pool: &PgPool, description: &str) {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL session_replication_role = replica")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE agents SET description = $1 WHERE name = 'x'")
+        .bind(description)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+fn description(app: &TestApp, agent: &str) -> Option<String> {
+    let snapshot = app.state.policy.load();
+    snapshot.agent(agent).map(|a| a.record.description.clone())
+}
+
+/// A notification re-reads what it names and nothing else: a new client on another instance
+/// reaches this one without re-reading every agent (at 10,000 agents that read was most of the
+/// wait before a new client's token was accepted), and a table it does not know re-reads all.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_notification_re_reads_only_the_parts_it_names(pool: PgPool) {
+    use std::time::Duration;
+    use toolgate::policy::snapshot::Parts;
+
+    // Every table that notifies maps to the parts it feeds, none to "everything".
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT c.relname::text FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+         JOIN pg_proc p ON p.oid = t.tgfoid WHERE p.proname = 'toolgate_notify_policy'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(tables.len() >= 12, "{tables:?}");
+    for table in &tables {
+        assert_ne!(Parts::of_table(table), Parts::ALL, "{table} is not mapped");
+    }
+
+    let a = TestApp::with(pool.clone(), &repo_path("tools"), None, &[]).await;
+    let b = TestApp::with(pool.clone(), &repo_path("tools"), None, &[]).await;
+    toolgate::app::spawn_policy_listener(b.state.clone());
+    a.agent("x", &["weather"]).await;
+    until(Duration::from_secs(5), "B sees the agent", || async {
+        description(&b, "x").is_some()
+    })
+    .await;
+    // The listener is up (it delivered the agent); settle anything still in flight from that
+    // change before the agent is edited behind the triggers' back.
+    b.state.reload_policy().await.unwrap();
+    edit_unannounced(&pool, "edited unannounced").await;
+
+    // A client created on A: B accepts its token once B re-read the clients...
+    let (id, secret) = a.client_for("x").await;
+    let token = a.token_with(&id, &secret).await;
+    until(
+        Duration::from_secs(5),
+        "B accepts the new client's token",
+        || async {
+            b.mcp(Some(&token), "tools/list", serde_json::json!({}))
+                .await
+                .status
+                == 200
+        },
+    )
+    .await;
+    // ...and did not re-read the agents to get there.
+    assert_eq!(description(&b, "x").as_deref(), Some(""));
+
+    // A notification naming the agents re-reads them; so does one naming no known table.
+    sqlx::query("SELECT pg_notify('toolgate_policy', 'agents')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    until(Duration::from_secs(5), "B re-reads the agents", || async {
+        description(&b, "x").as_deref() == Some("edited unannounced")
+    })
+    .await;
+    sqlx::query("UPDATE agents SET description = 'second edit' WHERE name = 'x'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    until(Duration::from_secs(5), "B follows a plain edit", || async {
+        description(&b, "x").as_deref() == Some("second edit")
+    })
+    .await;
+    edit_unannounced(&pool, "third edit").await;
+    sqlx::query("SELECT pg_notify('toolgate_policy', 'a_table_of_a_newer_version')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    until(
+        Duration::from_secs(5),
+        "an unknown table re-reads everything",
+        || async { description(&b, "x").as_deref() == Some("third edit") },
+    )
+    .await;
 }
