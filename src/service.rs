@@ -274,7 +274,9 @@ pub async fn create_client_live(
     jwks: Option<Value>,
 ) -> Result<NewClient> {
     let c = create_client(&state.db, actor, agent, description, jwks).await?;
-    refresh(state, Parts::of_table("oauth_clients")).await;
+    // The agents too: the client's first token takes its agent's grants from this snapshot,
+    // and the agent may have been made a moment ago through another instance.
+    refresh(state, Parts::of_table("oauth_clients") | Parts::AGENTS).await;
     Ok(c)
 }
 
