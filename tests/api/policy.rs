@@ -418,3 +418,20 @@ async fn a_notification_re_reads_only_the_parts_it_names(pool: PgPool) {
     )
     .await;
 }
+
+/// A client made through one instance for an agent made a moment ago through another, before
+/// any notification arrived: its first token carries the agent's grants, not none.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_client_made_on_another_instance_than_its_agent_gets_the_agents_grants(pool: PgPool) {
+    // Neither instance listens: only what each request re-reads is known to it.
+    let a = TestApp::with(pool.clone(), &repo_path("tools"), None, &[]).await;
+    let b = TestApp::with(pool.clone(), &repo_path("tools"), None, &[]).await;
+    a.agent("x", &["weather"]).await;
+    let (id, secret) = b.client_for("x").await;
+    let token = b.token_with(&id, &secret).await;
+    let names = b.tool_names(&token).await;
+    assert!(
+        !names.is_empty() && names.iter().all(|n| n.starts_with("weather__")),
+        "{names:?}"
+    );
+}
