@@ -20,7 +20,7 @@ work=$(mktemp -d)
 port=$((20000 + $$ % 20000))
 base=http://127.0.0.1:$port
 server=""
-trap 'if [[ -n $server ]]; then kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi; dropdb --if-exists -f -h 127.0.0.1 -U root "$db" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+trap 'cp "$work/server.log" "${SERVER_LOG:-/dev/null}" 2>/dev/null || true; if [[ -n $server ]]; then kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi; dropdb --if-exists -f -h 127.0.0.1 -U root "$db" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 python3 - "$work" "$groups" "$per_group" "$agents" <<'PY'
 import json, os, sys
@@ -65,7 +65,6 @@ until curl -sf "$base/readyz" >/dev/null; do
   sleep 0.1
 done
 ready=$(($(ms) - start))
-cp "$work/server.log" "${SERVER_LOG:-/dev/null}" 2>/dev/null || true
 rss=$(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/$server/status")
 hwm=$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$server/status")
 echo "ready after ${ready} ms; RSS ${rss} MB (peak ${hwm} MB)"
