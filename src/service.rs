@@ -33,7 +33,10 @@ pub enum ServiceError {
 pub type Result<T, E = ServiceError> = std::result::Result<T, E>;
 
 /// Brings this instance's snapshot up to a change just committed, so that the caller's next
-/// request sees it; other instances (and this one again) follow the NOTIFY.
+/// request sees it; other instances (and this one again) follow the NOTIFY. `parts` is
+/// everything unless the change is a frequent one that touches one known table: a change
+/// reaches further than its own table (removing a person from an agent revokes their
+/// authorizations), and a stale part here would last until the notification arrives.
 async fn refresh(state: &AppState, parts: Parts) {
     if let Err(e) = state.reload_parts(parts).await {
         tracing::warn!(error = %e, "refreshing the policy snapshot failed; NOTIFY will catch up");
@@ -116,7 +119,7 @@ pub async fn create_agent(
     };
     db::policy::create_agent(&mut tx, actor, name, &settings).await?;
     tx.commit().await?;
-    refresh(state, Parts::of_table("agents")).await;
+    refresh(state, Parts::ALL).await;
     Ok(())
 }
 
@@ -126,7 +129,7 @@ pub async fn delete_agent(state: &AppState, actor: &str, name: &str) -> Result<(
         return Err(ServiceError::NotFound(format!("agent `{name}`")));
     }
     tx.commit().await?;
-    refresh(state, Parts::of_table("agents")).await;
+    refresh(state, Parts::ALL).await;
     Ok(())
 }
 
@@ -180,7 +183,7 @@ pub async fn add_grant(
         )));
     }
     tx.commit().await?;
-    refresh(state, Parts::AGENTS).await;
+    refresh(state, Parts::ALL).await;
     let (matched, suggestions) = preview_grant(&state.policy.load(), target)?;
     let warning = matched.is_empty().then(|| {
         let hint = suggestions
@@ -206,7 +209,7 @@ pub async fn remove_grant(state: &AppState, actor: &str, agent: &str, target: &s
         )));
     }
     tx.commit().await?;
-    refresh(state, Parts::AGENTS).await;
+    refresh(state, Parts::ALL).await;
     Ok(())
 }
 
@@ -335,7 +338,7 @@ pub async fn set_limits(
     let mut tx = state.db.begin().await?;
     db::policy::set_limits(&mut tx, actor, agent, &before, &limits).await?;
     tx.commit().await?;
-    refresh(state, Parts::AGENTS).await;
+    refresh(state, Parts::ALL).await;
     Ok(())
 }
 
@@ -367,7 +370,7 @@ pub async fn set_argument_rules(
         return Err(ServiceError::NotFound(format!("agent `{agent}`")));
     }
     tx.commit().await?;
-    refresh(state, Parts::AGENTS).await;
+    refresh(state, Parts::ALL).await;
     let problems = state
         .policy
         .load()
@@ -452,7 +455,7 @@ pub async fn delete_argument_rules(
         )));
     }
     tx.commit().await?;
-    refresh(state, Parts::AGENTS).await;
+    refresh(state, Parts::ALL).await;
     Ok(())
 }
 
@@ -489,7 +492,7 @@ pub async fn set_upstream(
     let before = db::policy::upstreams(&mut tx).await?.remove(name);
     db::policy::set_upstream(&mut tx, actor, name, before.as_ref(), &spec).await?;
     tx.commit().await?;
-    refresh(state, Parts::UPSTREAMS).await;
+    refresh(state, Parts::ALL).await;
     Ok(())
 }
 
@@ -499,7 +502,7 @@ pub async fn delete_upstream(state: &AppState, actor: &str, name: &str) -> Resul
         return Err(ServiceError::NotFound(format!("upstream `{name}`")));
     }
     tx.commit().await?;
-    refresh(state, Parts::UPSTREAMS).await;
+    refresh(state, Parts::ALL).await;
     Ok(())
 }
 
@@ -586,7 +589,7 @@ pub async fn decide_tool(
         .await?
         .ok_or_else(|| ServiceError::NotFound(format!("a held definition of tool `{name}`")))?;
     tx.commit().await?;
-    refresh(state, Parts::PINS).await;
+    refresh(state, Parts::ALL).await;
     Ok(decided)
 }
 
@@ -629,7 +632,7 @@ pub async fn set_group_pin(
         0
     };
     tx.commit().await?;
-    refresh(state, Parts::PINS).await;
+    refresh(state, Parts::ALL).await;
     Ok(GroupPin {
         group: group.to_owned(),
         pin,
@@ -666,7 +669,7 @@ pub async fn add_agent_user(
         return Err(ServiceError::NotFound(format!("agent `{agent}`")));
     }
     tx.commit().await?;
-    refresh(state, Parts::AGENTS).await;
+    refresh(state, Parts::ALL).await;
     Ok(())
 }
 
@@ -684,7 +687,7 @@ pub async fn remove_agent_user(
         )));
     }
     tx.commit().await?;
-    refresh(state, Parts::AGENTS).await;
+    refresh(state, Parts::ALL).await;
     Ok(())
 }
 

@@ -64,15 +64,21 @@ pub fn load_pool(dir: &Path, previous: Option<&Catalog>, settings: &LoaderSettin
     };
     folders.sort();
 
+    let names: Vec<String> = folders
+        .iter()
+        .map(|f| {
+            f.file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    let results = load_groups(&folders, &names, settings);
+
     let mut tools: BTreeMap<String, Arc<Tool>> = BTreeMap::new();
     let mut groups = Vec::new();
-    for folder in folders {
-        let folder_name = folder
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_owned();
-        let loaded = load_group(&folder, &folder_name, settings).and_then(|group_tools| {
+    for (folder_name, result) in names.into_iter().zip(results) {
+        let loaded = result.and_then(|group_tools| {
             // A name clash with an earlier folder breaks this folder, not the earlier one.
             if let Some(clash) = group_tools
                 .iter()
@@ -138,6 +144,56 @@ pub fn load_pool(dir: &Path, previous: Option<&Catalog>, settings: &LoaderSettin
         }
     }
     Catalog::new(tools.into_values().collect(), groups)
+}
+
+/// What [`load_group`] made of one folder.
+type Loaded = Result<Vec<Arc<Tool>>, LoadError>;
+
+/// [`load_group`] of every folder, in their order, on every core: each group is read,
+/// parsed, its schemas compiled and its scripts hashed independently of the others, and that
+/// is most of a large pool's start (~200 µs per tool).
+fn load_groups(folders: &[PathBuf], names: &[String], settings: &LoaderSettings) -> Vec<Loaded> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(folders.len().div_ceil(8))
+        .max(1);
+    if workers == 1 {
+        return folders
+            .iter()
+            .zip(names)
+            .map(|(f, n)| load_group(f, n, settings))
+            .collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut slots: Vec<Option<Loaded>> = Vec::new();
+    slots.resize_with(folders.len(), || None);
+    let done: Vec<Vec<(usize, Loaded)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= folders.len() {
+                            return out;
+                        }
+                        out.push((i, load_group(&folders[i], &names[i], settings)));
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    for (i, result) in done.into_iter().flatten() {
+        slots[i] = Some(result);
+    }
+    slots.into_iter().flatten().collect()
 }
 
 /// Loads one folder into its tools, or says which file is wrong and why.
