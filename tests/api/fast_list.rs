@@ -62,14 +62,7 @@ impl Pair {
 
 /// A `tools/list` request: legacy (no `_meta`) unless `modern`; `headers` added as given.
 fn list(token: &str, id: Value, params: Value, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut req = Request::post("/mcp")
-        .header("content-type", "application/json")
-        .header("authorization", format!("Bearer {token}"));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": params});
-    req.body(Body::from(body.to_string())).unwrap()
+    crate::helpers::mcp_request(Some(token), id, "tools/list", params, headers)
 }
 
 const ACCEPT: (&str, &str) = ("accept", "application/json, text/event-stream");

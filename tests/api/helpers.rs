@@ -165,15 +165,11 @@ impl TestApp {
 
     /// One JSON-RPC request on /mcp as a legacy (2025-11-25) client, statelessly.
     pub async fn mcp(&self, token: Option<&str>, method: &str, params: Value) -> Reply {
-        let mut req = Request::post("/mcp")
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2025-11-25");
-        if let Some(t) = token {
-            req = req.header("authorization", format!("Bearer {t}"));
-        }
-        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-        self.send(req.body(Body::from(body.to_string())).unwrap())
+        let headers = [
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2025-11-25"),
+        ];
+        self.send(mcp_request(token, json!(1), method, params, &headers))
             .await
     }
 
@@ -214,6 +210,25 @@ impl TestApp {
 }
 
 /// Writes a tool group folder: `openapi.json` plus executable scripts.
+/// A JSON-RPC POST to /mcp with the bearer `token` and `headers` as given, nothing more.
+pub fn mcp_request(
+    token: Option<&str>,
+    id: Value,
+    method: &str,
+    params: Value,
+    headers: &[(&str, &str)],
+) -> Request<Body> {
+    let mut req = Request::post("/mcp").header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    req.body(Body::from(body.to_string())).unwrap()
+}
+
 pub fn write_group(root: &Path, folder: &str, openapi: &Value, scripts: &[(&str, &str)]) {
     use std::os::unix::fs::PermissionsExt;
     let dir = root.join(folder);
