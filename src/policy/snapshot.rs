@@ -842,6 +842,32 @@ mod scale {
             * 1024
     }
 
+    /// `agents` agents, agent `a` granted group `g{a % groups}`, as `bench/scale.sh` makes them.
+    fn agents_of_one_group_each(agents: usize, groups: usize) -> PolicyState {
+        PolicyState {
+            agents: (0..agents)
+                .map(|a| AgentRecord {
+                    id: Uuid::nil(),
+                    name: format!("agent{a:05}"),
+                    description: String::new(),
+                    notes: String::new(),
+                    discovery: Discovery::Full,
+                    pinned: Vec::new(),
+                    grants: vec![GrantRecord {
+                        id: Uuid::nil(),
+                        target: format!("g{:05}", a % groups),
+                        created_by: "scale".into(),
+                        created_at: Utc::now(),
+                    }],
+                    limits: Vec::new(),
+                    arguments: Vec::new(),
+                    users: Vec::new(),
+                })
+                .collect(),
+            ..PolicyState::default()
+        }
+    }
+
     /// Memory per tool and per agent, as the scale benchmark's pool has them: tool folders
     /// like `bench/scale.sh` writes, loaded by the loader, indexed, then a snapshot with one
     /// agent per group. A measurement, not a test:
@@ -888,28 +914,7 @@ mod scale {
         let search = Arc::new(SearchIndex::build(&catalog, None));
         let indexed = t.elapsed().as_secs_f64();
         let after_index = rss();
-        let state = PolicyState {
-            agents: (0..groups)
-                .map(|a| AgentRecord {
-                    id: Uuid::nil(),
-                    name: format!("agent{a:05}"),
-                    description: String::new(),
-                    notes: String::new(),
-                    discovery: Discovery::Full,
-                    pinned: Vec::new(),
-                    grants: vec![GrantRecord {
-                        id: Uuid::nil(),
-                        target: format!("g{a:05}"),
-                        created_by: "scale".into(),
-                        created_at: Utc::now(),
-                    }],
-                    limits: Vec::new(),
-                    arguments: Vec::new(),
-                    users: Vec::new(),
-                })
-                .collect(),
-            ..PolicyState::default()
-        };
+        let state = agents_of_one_group_each(groups, groups);
         let t = std::time::Instant::now();
         let snapshot = PolicySnapshot::build_indexed(catalog.clone(), search, &state);
         let built = t.elapsed().as_secs_f64();
@@ -951,28 +956,7 @@ mod scale {
             catalog.len(),
             t.elapsed().as_secs_f64()
         );
-        let state = PolicyState {
-            agents: (0..agents)
-                .map(|a| AgentRecord {
-                    id: Uuid::nil(),
-                    name: format!("agent{a:05}"),
-                    description: String::new(),
-                    notes: String::new(),
-                    discovery: Discovery::Full,
-                    pinned: Vec::new(),
-                    grants: vec![GrantRecord {
-                        id: Uuid::nil(),
-                        target: format!("g{:05}", a % groups),
-                        created_by: "scale".into(),
-                        created_at: Utc::now(),
-                    }],
-                    limits: Vec::new(),
-                    arguments: Vec::new(),
-                    users: Vec::new(),
-                })
-                .collect(),
-            ..PolicyState::default()
-        };
+        let state = agents_of_one_group_each(agents, groups);
         let search = Arc::new(SearchIndex::default());
         let t = std::time::Instant::now();
         let snapshot = PolicySnapshot::build_indexed(catalog.clone(), search, &state);
