@@ -394,7 +394,9 @@ impl fmt::Debug for InputSchema {
 pub struct InputValidator {
     schema: InputSchema,
     draft: Option<jsonschema::Draft>,
-    compiled: std::sync::OnceLock<Result<jsonschema::Validator, String>>,
+    /// Boxed: a compiled validator is ~170 bytes inline, and most tools of a large pool are
+    /// never called, so the empty cell costs a pointer instead.
+    compiled: std::sync::OnceLock<Box<Result<jsonschema::Validator, String>>>,
 }
 
 impl InputValidator {
@@ -429,7 +431,8 @@ impl InputValidator {
     /// The compiled validator, built on first use.
     pub fn compiled(&self) -> Result<&jsonschema::Validator, &str> {
         self.compiled
-            .get_or_init(|| Self::build(&self.schema.read(), self.draft))
+            .get_or_init(|| Box::new(Self::build(&self.schema.read(), self.draft)))
+            .as_ref()
             .as_ref()
             .map_err(String::as_str)
     }
