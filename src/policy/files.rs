@@ -182,6 +182,43 @@ fn split_front_matter(text: &str) -> Option<(&str, &str)> {
     None
 }
 
+/// A character of a front-matter value that YAML reads as a line break or control (`\r`,
+/// U+0085, U+2028, U+2029, C0 and C1 controls other than tab and newline), with the line of
+/// its first literal occurrence (the first front-matter line when it came from an escape).
+/// Such a value does not survive `policy export`: the writer breaks the line there.
+fn unwritable_char(front: &FrontMatter, yaml: &str) -> Option<(char, usize)> {
+    let bad = |c: char| {
+        (c.is_control() && c != '\t' && c != '\n') || matches!(c, '\u{2028}' | '\u{2029}')
+    };
+    let mut found = None;
+    let mut visit = |s: &str| {
+        if found.is_none() {
+            found = s.chars().find(|c| bad(*c));
+        }
+    };
+    let value = serde_json::to_value(front).unwrap_or_default();
+    let mut stack = vec![&value];
+    while let Some(v) = stack.pop() {
+        match v {
+            serde_json::Value::String(s) => visit(s),
+            serde_json::Value::Array(a) => stack.extend(a),
+            serde_json::Value::Object(o) => {
+                for (k, v) in o {
+                    visit(k);
+                    stack.push(v);
+                }
+            }
+            _ => {}
+        }
+    }
+    let c = found?;
+    let line = yaml
+        .find(c)
+        .map(|at| yaml[..at].matches('\n').count() + 2)
+        .unwrap_or(2);
+    Some((c, line))
+}
+
 /// Reads the folder; syntax problems come back located, and the rest still loads.
 pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
     let mut problems = Vec::new();
@@ -250,6 +287,16 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
                 }
             }
         };
+        if let Some((c, line)) = unwritable_char(&front, yaml) {
+            problems.push(problem(
+                line,
+                format!(
+                    "front matter holds the character U+{:04X}; values may not hold control characters or line separators other than a newline",
+                    c as u32
+                ),
+            ));
+            continue;
+        }
         out.agents.push(AgentFile {
             name,
             file,
@@ -1117,5 +1164,45 @@ mod tests {
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert_eq!(problems[0].line, 2, "{}", problems[0]);
         assert!(problems[0].message.starts_with("invalid front matter"));
+    }
+
+    /// Found by fuzzing (`fuzz/`, target `agent_md`): a tool entry holding carriage returns
+    /// and U+2028 read fine, but `policy export` wrote it as a block whose last line ran into
+    /// the closing `---`, and the exported file no longer read back.
+    #[test]
+    fn values_with_line_separators_or_controls_are_refused_where_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("agents/a")).unwrap();
+        let file = dir.path().join("agents/a/agent.md");
+        for (text, line, code) in [
+            (
+                "---\ntools: [w]\ndescription: \"x\\u2028y\"\n---\n",
+                2,
+                "U+2028",
+            ),
+            // An escape, not the character itself: located at the front matter's first line.
+            ("---\ntools: [w]\npinned: [\"a\\rb\"]\n---\n", 2, "U+000D"),
+            (
+                "---\ntools: [\"nor__t\r\r[[xx\u{2028}\", __tx]\n---\n0b",
+                2,
+                "U+2028",
+            ),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let (policies, problems) = read_dir(dir.path());
+            assert!(policies.agents.is_empty(), "{text:?}");
+            assert_eq!(problems.len(), 1, "{text:?}: {problems:?}");
+            assert_eq!(problems[0].line, line, "{text:?}: {}", problems[0]);
+            assert!(problems[0].message.contains(code), "{}", problems[0]);
+        }
+        // A multi-line description and tabs are fine.
+        std::fs::write(
+            &file,
+            "---\ntools: [w]\ndescription: |\n  one\n  \ttwo\n---\n",
+        )
+        .unwrap();
+        let (policies, problems) = read_dir(dir.path());
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(policies.agents[0].front.description, "one\n\ttwo\n");
     }
 }
