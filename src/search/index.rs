@@ -367,56 +367,38 @@ impl SearchOptions {
 /// How deep into nested parameter objects names and descriptions are indexed.
 const MAX_SCHEMA_DEPTH: usize = 3;
 
-/// One term's postings: (document, weighted term frequency), by document.
-type Postings = Vec<(u32, f64)>;
+/// One term's postings: (document, weighted term frequency), by document. Frequencies are
+/// sums of the field weights, which `f32` holds exactly; scores are computed in `f64`.
+type Postings = Box<[(u32, f32)]>;
 
-/// A term as the analysis keeps it: one allocation per distinct term of the catalog, shared by
-/// every tool that has it and by the vocabulary (a term per tool was most of the index's memory).
+/// A term as the analysis keeps it: one allocation per distinct term of the catalog.
 type Term = Arc<str>;
 
-/// One tool, analyzed: its weighted term frequencies and weighted length. Which definition it
-/// analyzed is the content hash of the tool it is kept beside in [`SearchIndex::docs`].
+/// One indexed tool. Its terms are not kept beside it: they are in the postings, and a rebuild
+/// that reuses the tool's analysis reads them back from there. Kept per tool, they cost more
+/// than everything else of the index together (24 bytes a term, for every tool of the pool).
 #[derive(Debug)]
-struct Analyzed {
-    /// Sorted by term.
-    terms: Box<[(Term, f64)]>,
-    len: f64,
-    /// Character n-grams, sorted; empty when the n-gram ranker is off.
-    grams: Box<[(Term, f64)]>,
-    gram_len: f64,
+struct Doc {
+    tool: Arc<Tool>,
+    /// Weighted length.
+    len: f32,
+    /// Weighted length in character n-grams; 0 when the n-gram ranker is off.
+    gram_len: f32,
     /// The tool's unit vector under the embedding model, if the index has one.
+    vector: Option<Arc<[f32]>>,
+}
+
+/// One tool, freshly analyzed: its weighted term frequencies and weighted length.
+struct Analyzed {
+    terms: HashMap<String, f64>,
+    len: f64,
+    /// Character n-grams; empty when the n-gram ranker is off.
+    grams: HashMap<String, f64>,
+    gram_len: f64,
     vector: Option<Vec<f32>>,
 }
 
-/// Shares one allocation per distinct term.
-#[derive(Default)]
-struct Interner(std::collections::HashSet<Term>);
-
-impl Interner {
-    fn intern(&mut self, term: String) -> Term {
-        if let Some(t) = self.0.get(term.as_str()) {
-            return t.clone();
-        }
-        let t: Term = term.into();
-        self.0.insert(t.clone());
-        t
-    }
-
-    /// Term frequencies as the analysis keeps them: interned and sorted by term.
-    fn terms(&mut self, tf: HashMap<String, f64>) -> Box<[(Term, f64)]> {
-        let mut terms: Vec<(Term, f64)> =
-            tf.into_iter().map(|(t, f)| (self.intern(t), f)).collect();
-        terms.sort_by(|a, b| a.0.cmp(&b.0));
-        terms.into_boxed_slice()
-    }
-}
-
-fn analyze_tool(
-    tool: &Tool,
-    o: &SearchOptions,
-    model: Option<&StaticModel>,
-    interner: &mut Interner,
-) -> Analyzed {
+fn analyze_tool(tool: &Tool, o: &SearchOptions, model: Option<&StaticModel>) -> Analyzed {
     let vector = model.and_then(|m| {
         let mut acc = vec![0.0; m.dim()];
         m.accumulate(tool.name.as_str(), 1.0, &mut acc);
@@ -456,11 +438,72 @@ fn analyze_tool(
         add(text, o.parameter_weight)
     });
     Analyzed {
-        terms: interner.terms(tf),
+        terms: tf,
         len,
-        grams: interner.terms(gf),
+        grams: gf,
         gram_len,
         vector,
+    }
+}
+
+/// Postings being built: the vocabulary's terms, their ids, and each id's postings.
+#[derive(Default)]
+struct PostingsBuilder {
+    vocabulary: HashMap<Term, u32>,
+    postings: Vec<Vec<(u32, f32)>>,
+}
+
+impl PostingsBuilder {
+    fn add(&mut self, term: &str, doc: u32, tf: f32) {
+        let id = match self.vocabulary.get(term) {
+            Some(&id) => id,
+            None => {
+                let id = self.postings.len() as u32;
+                self.vocabulary.insert(term.into(), id);
+                self.postings.push(Vec::new());
+                id
+            }
+        };
+        self.postings[id as usize].push((doc, tf));
+    }
+
+    /// Adds the postings of `previous` under the new document numbers (`renumber[old]`, or
+    /// `u32::MAX` for a document not kept), sharing its term allocations.
+    fn carry(&mut self, previous: (&HashMap<Term, u32>, &[Postings]), renumber: &[u32]) {
+        let (vocabulary, postings) = previous;
+        for (term, &id) in vocabulary {
+            let kept: Vec<(u32, f32)> = postings[id as usize]
+                .iter()
+                .filter_map(|&(d, tf)| {
+                    let n = renumber[d as usize];
+                    (n != u32::MAX).then_some((n, tf))
+                })
+                .collect();
+            if kept.is_empty() {
+                continue;
+            }
+            match self.vocabulary.get(term) {
+                Some(&id) => self.postings[id as usize].extend(kept),
+                None => {
+                    let new = self.postings.len() as u32;
+                    self.vocabulary.insert(term.clone(), new);
+                    self.postings.push(kept);
+                }
+            }
+        }
+    }
+
+    /// The vocabulary and its postings, by document, with no spare capacity.
+    fn finish(self) -> (HashMap<Term, u32>, Vec<Postings>) {
+        let postings = self
+            .postings
+            .into_iter()
+            .map(|mut p| {
+                p.sort_unstable_by_key(|&(d, _)| d);
+                p.into_boxed_slice()
+            })
+            .collect();
+        (self.vocabulary, postings)
     }
 }
 
@@ -508,15 +551,16 @@ pub struct SearchIndex {
     options: SearchOptions,
     /// The embedding table the tool vectors were made with, if any.
     model: Option<Arc<StaticModel>>,
-    /// In catalog (name) order.
-    docs: Vec<(Arc<Tool>, Arc<Analyzed>)>,
-    by_name: HashMap<String, u32>,
+    /// In catalog (name) order: found by binary search.
+    docs: Vec<Doc>,
     vocabulary: HashMap<Term, u32>,
     /// Per term: (document, weighted term frequency), by document.
     postings: Vec<Postings>,
     /// The same for character n-grams.
     gram_vocabulary: HashMap<Term, u32>,
     gram_postings: Vec<Postings>,
+    /// How many tools this build analyzed, the others' analysis coming from the previous index.
+    analyzed: usize,
 }
 
 impl fmt::Debug for SearchIndex {
@@ -524,6 +568,7 @@ impl fmt::Debug for SearchIndex {
         f.debug_struct("SearchIndex")
             .field("tools", &self.docs.len())
             .field("terms", &self.vocabulary.len())
+            .field("analyzed", &self.analyzed)
             .finish()
     }
 }
@@ -543,6 +588,13 @@ impl SearchIndex {
         Self::build_with_model(catalog, previous, options, embed::installed())
     }
 
+    /// The document of the tool named `name`.
+    fn doc_of(&self, name: &str) -> Option<usize> {
+        self.docs
+            .binary_search_by(|d| d.tool.name.as_str().cmp(name))
+            .ok()
+    }
+
     /// Indexes `catalog`, reusing the analysis of every unchanged tool of `previous`; `model`
     /// is used only when `options.embedding_weight` is above 0.
     pub fn build_with_model(
@@ -557,68 +609,65 @@ impl SearchIndex {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             _ => false,
         };
-        let reusable = |tool: &Tool| -> Option<Arc<Analyzed>> {
-            let prev = previous.filter(|p| p.options == options && same_model(p))?;
-            let (was, a) = &prev.docs[*prev.by_name.get(tool.name.as_str())? as usize];
-            (was.content_hash == tool.content_hash).then(|| a.clone())
-        };
-        // New analyses share the terms of the previous index's vocabulary.
-        let mut interner = Interner(
-            previous
-                .map(|p| {
-                    p.vocabulary
-                        .keys()
-                        .chain(p.gram_vocabulary.keys())
-                        .cloned()
-                        .collect()
-                })
-                .unwrap_or_default(),
-        );
-        let docs: Vec<(Arc<Tool>, Arc<Analyzed>)> = catalog
-            .tools()
-            .map(|t| {
-                let a = reusable(t).unwrap_or_else(|| {
-                    Arc::new(analyze_tool(t, &options, model.as_deref(), &mut interner))
-                });
-                (t.clone(), a)
-            })
-            .collect();
-        drop(interner);
-        let mut vocabulary: HashMap<Term, u32> = HashMap::new();
-        let mut postings: Vec<Postings> = Vec::new();
-        let mut gram_vocabulary: HashMap<Term, u32> = HashMap::new();
-        let mut gram_postings: Vec<Postings> = Vec::new();
-        let mut by_name = HashMap::with_capacity(docs.len());
-        let post = |vocabulary: &mut HashMap<Term, u32>,
-                    postings: &mut Vec<Postings>,
-                    terms: &[(Term, f64)],
-                    d: usize| {
-            for (term, tf) in terms {
-                let id = *vocabulary.entry(term.clone()).or_insert_with(|| {
-                    postings.push(Vec::new());
-                    (postings.len() - 1) as u32
-                });
-                postings[id as usize].push((d as u32, *tf));
+        // The analysis is baked with the options and the model: only then can it be reused.
+        let previous = previous.filter(|p| p.options == options && same_model(p));
+        let mut renumber = vec![u32::MAX; previous.map_or(0, |p| p.docs.len())];
+        let mut words = PostingsBuilder::default();
+        let mut grams = PostingsBuilder::default();
+        let mut analyzed = 0;
+        let mut docs: Vec<Doc> = Vec::with_capacity(catalog.len());
+        for tool in catalog.tools() {
+            let d = docs.len() as u32;
+            let reused = previous.and_then(|p| {
+                let old = p.doc_of(tool.name.as_str())?;
+                (p.docs[old].tool.content_hash == tool.content_hash).then_some((old, &p.docs[old]))
+            });
+            match reused {
+                Some((old, was)) => {
+                    renumber[old] = d;
+                    docs.push(Doc {
+                        tool: tool.clone(),
+                        len: was.len,
+                        gram_len: was.gram_len,
+                        vector: was.vector.clone(),
+                    });
+                }
+                None => {
+                    // Filed at once: a pool's worth of analyses held until the end was most of
+                    // the start-up's peak memory.
+                    let a = analyze_tool(tool, &options, model.as_deref());
+                    for (term, tf) in &a.terms {
+                        words.add(term, d, *tf as f32);
+                    }
+                    for (gram, tf) in &a.grams {
+                        grams.add(gram, d, *tf as f32);
+                    }
+                    analyzed += 1;
+                    docs.push(Doc {
+                        tool: tool.clone(),
+                        len: a.len as f32,
+                        gram_len: a.gram_len as f32,
+                        vector: a.vector.as_deref().map(Arc::from),
+                    });
+                }
             }
-        };
-        for (d, (tool, a)) in docs.iter().enumerate() {
-            by_name.insert(tool.name.as_str().to_owned(), d as u32);
-            post(&mut vocabulary, &mut postings, &a.terms, d);
-            post(&mut gram_vocabulary, &mut gram_postings, &a.grams, d);
         }
-        // Grown by doubling, a term's postings would keep up to half their length unused.
-        for p in postings.iter_mut().chain(gram_postings.iter_mut()) {
-            p.shrink_to_fit();
+        if let Some(p) = previous {
+            words.carry((&p.vocabulary, &p.postings), &renumber);
+            grams.carry((&p.gram_vocabulary, &p.gram_postings), &renumber);
         }
+        let (vocabulary, postings) = words.finish();
+        let (gram_vocabulary, gram_postings) = grams.finish();
+        docs.shrink_to_fit();
         Self {
             options,
             model,
             docs,
-            by_name,
             vocabulary,
             postings,
             gram_vocabulary,
             gram_postings,
+            analyzed,
         }
     }
 
@@ -637,7 +686,7 @@ impl SearchIndex {
         (vocabulary, postings): (&HashMap<Term, u32>, &[Postings]),
         terms: &[(String, f64)],
         (slot, n, avg_len): (&[u32], usize, f64),
-        len_of: impl Fn(&Analyzed) -> f64,
+        len_of: impl Fn(&Doc) -> f32,
         scores: &mut [f64],
         matched: &mut [bool],
     ) {
@@ -656,12 +705,13 @@ impl SearchIndex {
             }
             // Lucene's non-negative IDF.
             let idf = (1.0 + (n as f64 - df as f64 + 0.5) / (df as f64 + 0.5)).ln();
-            for &(d, tf) in postings {
+            for &(d, tf) in postings.iter() {
                 let i = slot[d as usize];
                 if i == u32::MAX {
                     continue;
                 }
-                let len = len_of(&self.docs[d as usize].1);
+                let tf = f64::from(tf);
+                let len = f64::from(len_of(&self.docs[d as usize]));
                 let norm = k1 * (1.0 - b + b * len / avg_len);
                 scores[i as usize] += weight * idf * tf * (k1 + 1.0) / (tf + norm);
                 matched[i as usize] = true;
@@ -678,15 +728,15 @@ impl SearchIndex {
         let mut n = 0usize;
         let mut total_len = 0.0;
         for (i, t) in visible.iter().enumerate() {
-            if let Some(&d) = self.by_name.get(t.name.as_str()) {
-                slot[d as usize] = i as u32;
+            if let Some(d) = self.doc_of(t.name.as_str()) {
+                slot[d] = i as u32;
                 n += 1;
             }
         }
         // Summed in document order, so that the result does not depend on `visible`'s order.
-        for (d, (_, a)) in self.docs.iter().enumerate() {
+        for (d, doc) in self.docs.iter().enumerate() {
             if slot[d] != u32::MAX {
-                total_len += a.len;
+                total_len += f64::from(doc.len);
             }
         }
         if n == 0 || limit == 0 {
@@ -707,9 +757,9 @@ impl SearchIndex {
         let o = &self.options;
         if o.ngram_weight > 0.0 {
             let mut gram_total = 0.0;
-            for (d, (_, a)) in self.docs.iter().enumerate() {
+            for (d, doc) in self.docs.iter().enumerate() {
                 if slot[d] != u32::MAX {
-                    gram_total += a.gram_len;
+                    gram_total += f64::from(doc.gram_len);
                 }
             }
             let gram_avg = (gram_total / n as f64).max(f64::MIN_POSITIVE);
@@ -740,8 +790,8 @@ impl SearchIndex {
             // visible tools only, as the word statistics do.
             let mut cos = vec![0.0f64; visible.len()];
             let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
-            for (d, (_, a)) in self.docs.iter().enumerate() {
-                let (i, Some(v)) = (slot[d], &a.vector) else {
+            for (d, doc) in self.docs.iter().enumerate() {
+                let (i, Some(v)) = (slot[d], &doc.vector) else {
                     continue;
                 };
                 if i == u32::MAX {
@@ -866,33 +916,63 @@ fn fuse(visible: &[Arc<Tool>], scores: &mut [f64], grams: &[f64], weight: f64, f
 mod tests {
     use super::*;
 
+    /// Names and scores of the best 10 for each query, for comparing two indexes.
+    fn results(index: &SearchIndex, catalog: &Catalog, queries: &[&str]) -> Vec<(String, f64)> {
+        let visible: Vec<Arc<Tool>> = catalog.tools().cloned().collect();
+        queries
+            .iter()
+            .flat_map(|q| index.search(&visible, q, 10))
+            .map(|h| (h.tool.name.as_str().to_owned(), h.score))
+            .collect()
+    }
+
     #[test]
-    fn a_rebuild_reuses_the_analysis_of_unchanged_tools() {
+    fn a_rebuild_reuses_the_analysis_of_unchanged_tools_and_ranks_as_a_fresh_build() {
         let defs: Value =
             serde_json::from_str(include_str!("../../bench/catalogs/reference/tools.json"))
                 .unwrap();
         let catalog = crate::search::catalog_from_definitions(&defs).unwrap();
+        let queries = [
+            "create an issue",
+            "send a message",
+            "lire un fichier",
+            "weather",
+        ];
         let first = SearchIndex::build(&catalog, None);
+        assert_eq!(first.analyzed, catalog.len());
         let second = SearchIndex::build(&catalog, Some(&first));
-        assert!(
-            first
-                .docs
-                .iter()
-                .zip(&second.docs)
-                .all(|(a, b)| Arc::ptr_eq(&a.1, &b.1))
+        assert_eq!(second.analyzed, 0);
+        assert_eq!(
+            results(&second, &catalog, &queries),
+            results(&first, &catalog, &queries)
         );
+        assert!(!results(&first, &catalog, &queries).is_empty());
+
+        // One tool changed, one gone: only the changed one is analyzed again, and the result
+        // ranks exactly as an index built from nothing.
+        let mut tools: Vec<Arc<Tool>> = catalog.tools().cloned().collect();
+        let gone = tools.remove(3);
+        let mut changed = (*tools[0]).clone();
+        changed.description = Some("Sends a weather report to the issue tracker".into());
+        changed.content_hash = "changed".into();
+        tools[0] = Arc::new(changed);
+        let edited = Catalog::new(tools, Vec::new());
+        let incremental = SearchIndex::build(&edited, Some(&second));
+        assert_eq!(incremental.analyzed, 1);
+        assert!(incremental.doc_of(gone.name.as_str()).is_none());
+        let scratch = SearchIndex::build(&edited, None);
+        assert_eq!(
+            results(&incremental, &edited, &queries),
+            results(&scratch, &edited, &queries)
+        );
+        assert_eq!(incremental.vocabulary.len(), scratch.vocabulary.len());
+
         // Other options: nothing is reused, since the weights are baked into the analysis.
         let other = SearchOptions {
             name_weight: 1.0,
             ..SearchOptions::default()
         };
         let third = SearchIndex::build_with(&catalog, Some(&second), other);
-        assert!(
-            second
-                .docs
-                .iter()
-                .zip(&third.docs)
-                .all(|(a, b)| !Arc::ptr_eq(&a.1, &b.1))
-        );
+        assert_eq!(third.analyzed, catalog.len());
     }
 }
