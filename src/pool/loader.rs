@@ -438,6 +438,8 @@ pub fn load_group(
                 script: &script_bytes,
                 ui: &ui_bytes,
             });
+            let operation =
+                HttpBinding::script_operation_text(op, summary.as_deref(), description.as_deref());
             tools.push(Arc::new(Tool {
                 name,
                 group: group.clone(),
@@ -449,7 +451,10 @@ pub fn load_group(
                 source: ToolSource::Script {
                     folder: folder_name.to_owned(),
                 },
-                http: Some(binding),
+                http: Some(HttpBinding {
+                    operation,
+                    ..binding
+                }),
                 exec: Execution::Script(ScriptSpec {
                     script,
                     workdir: workdir.clone(),
@@ -461,7 +466,7 @@ pub fn load_group(
                     sandbox: sandbox.clone(),
                 }),
                 validator: Arc::new(validator),
-                meta,
+                meta: meta.map(Box::new),
                 ui,
                 audit: audit.clone(),
                 annotations: None,
@@ -552,7 +557,8 @@ fn input_schema(
         path_params: Vec::new(),
         query_params: Vec::new(),
         body_params: Vec::new(),
-        operation: HttpBinding::operation_text(op),
+        // Set by the caller, which knows the tool's title and description.
+        operation: Box::default(),
     };
     let mut params: Vec<&Value> = Vec::new();
     let op_params = op.get("parameters");
@@ -787,6 +793,58 @@ mod tests {
             assert_ne!(content_hash(v), h);
         }
         assert_eq!(content_hash(&Hashed { ..base }), h);
+    }
+
+    /// The operation text leaves out what the tool holds anyway; the OpenAPI document must
+    /// still show each operation as written, whichever of summary and description it has.
+    #[test]
+    fn the_openapi_operation_is_the_one_written_whatever_summary_and_description_it_has() {
+        let dir = tempfile::tempdir().unwrap();
+        let ops = [
+            (
+                "both",
+                json!({"summary": "Both", "description": "Both, at length."}),
+            ),
+            ("summary_only", json!({"summary": "Only a summary"})),
+            (
+                "description_only",
+                json!({"description": "Only a description"}),
+            ),
+            ("same", json!({"summary": "Same", "description": "Same"})),
+            ("neither", json!({"x-toolgate-timeout-ms": 500})),
+        ];
+        let mut paths = Map::new();
+        for (id, extra) in &ops {
+            let mut op = json!({"operationId": id, "responses": {"200": {"description": "ok"}}});
+            op.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            paths.insert(format!("/{id}"), json!({"post": op}));
+            let script = dir.path().join(id);
+            std::fs::write(&script, "#!/bin/sh\ncat\n").unwrap();
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let doc =
+            json!({"openapi": "3.1.0", "info": {"title": "g", "version": "1"}, "paths": paths});
+        std::fs::write(dir.path().join("openapi.json"), doc.to_string()).unwrap();
+        let tools = load_group(dir.path(), "g", &LoaderSettings::default()).unwrap();
+        for (id, extra) in &ops {
+            let tool = tools.iter().find(|t| t.operation == *id).unwrap();
+            let mut want = doc["paths"][format!("/{id}")]["post"].clone();
+            let o = want.as_object_mut().unwrap();
+            o.retain(|k, _| !k.starts_with("x-toolgate-"));
+            o.insert("operationId".into(), json!(format!("g__{id}")));
+            o.insert("tags".into(), json!(["g"]));
+            assert_eq!(tool.openapi_operation().unwrap(), want, "{id}");
+            // The kept text is smaller than the written operation whenever it had text to drop.
+            let kept = &tool.http.as_ref().unwrap().operation;
+            if extra.get("summary").is_some() || extra.get("description").is_some() {
+                assert!(
+                    !kept.contains("\"summary\"") || *id == "same",
+                    "{id}: {kept}"
+                );
+            }
+        }
     }
 
     #[test]

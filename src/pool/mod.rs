@@ -107,6 +107,34 @@ impl HttpBinding {
         op.to_string().into_boxed_str()
     }
 
+    /// The text kept for a script's operation object, without what the tool holds anyway: the
+    /// summary when it is the tool's `title`, the description when it is the tool's
+    /// `description` (and not its summary), and the `operationId` and `x-toolgate-*` keys, which
+    /// the OpenAPI document replaces and drops. [`Tool::openapi_operation`] puts the first two
+    /// back. In a large pool these were a third of every operation's text.
+    pub fn script_operation_text(
+        op: &Value,
+        title: Option<&str>,
+        description: Option<&str>,
+    ) -> Box<str> {
+        let Value::Object(o) = op else {
+            return Self::operation_text(op);
+        };
+        let mut o = o.clone();
+        o.retain(|k, _| k != "operationId" && !k.starts_with("x-toolgate-"));
+        let summary = o.get("summary").and_then(Value::as_str);
+        let told = o.get("description").and_then(Value::as_str);
+        let drop_summary = summary.is_some() && summary == title;
+        let drop_description = told.is_some() && told == description && told != title;
+        if drop_summary {
+            o.shift_remove("summary");
+        }
+        if drop_description {
+            o.shift_remove("description");
+        }
+        Self::operation_text(&Value::Object(o))
+    }
+
     /// The operation object, parsed from its text.
     pub fn operation(&self) -> Value {
         // The text was written by `operation_text` from a `Value`, so it parses.
@@ -161,9 +189,10 @@ pub struct Tool {
     /// What the audit log keeps of this tool's calls.
     pub audit: Arc<crate::audit::AuditPolicy>,
     /// Passed through untouched from upstream tools.
-    pub annotations: Option<rmcp::model::ToolAnnotations>,
+    /// Boxed, as `meta`: most tools have none, and inline they cost 104 bytes a tool.
+    pub annotations: Option<Box<rmcp::model::ToolAnnotations>>,
     /// `_meta`, passed through untouched (for MCP Apps: `_meta.ui`).
-    pub meta: Option<rmcp::model::MetaObject>,
+    pub meta: Option<Box<rmcp::model::MetaObject>>,
     /// The argument rules of the agent whose copy this is; `None` in the pool itself.
     pub narrowing: Option<Arc<Narrowing>>,
     /// This tool's `tools/list` entry, serialized on first list.
@@ -258,8 +287,8 @@ impl Tool {
             tool.description = None;
         }
         tool.title = self.title.clone();
-        tool.annotations = self.annotations.clone();
-        tool.meta = self.meta.clone();
+        tool.annotations = self.annotations.as_deref().cloned();
+        tool.meta = self.meta.as_deref().cloned();
         tool
     }
 
@@ -272,6 +301,36 @@ impl Tool {
                 .expect("a tool definition is JSON values and strings")
                 .into_boxed_str()
         })
+    }
+
+    /// The tool's OpenAPI operation object, with the summary and description that
+    /// [`HttpBinding::script_operation_text`] left out put back (and the tool's name as its
+    /// `operationId`, its group as its tag). `None` for a tool with no REST binding.
+    pub fn openapi_operation(&self) -> Option<Value> {
+        let mut op = self.http.as_ref()?.operation();
+        if let Value::Object(o) = &mut op {
+            o.retain(|k, _| !k.starts_with("x-toolgate-"));
+            if let Some(title) = &self.title
+                && !o.contains_key("summary")
+            {
+                o.insert("summary".into(), Value::String(title.clone()));
+            }
+            if let Some(d) = &self.description
+                && !o.contains_key("description")
+                && Some(d) != self.title.as_ref()
+            {
+                o.insert("description".into(), Value::String(d.clone()));
+            }
+            o.insert(
+                "operationId".into(),
+                Value::String(self.name.as_str().into()),
+            );
+            o.insert(
+                "tags".into(),
+                Value::Array(vec![Value::String(self.group.clone())]),
+            );
+        }
+        Some(op)
     }
 
     /// The `ui://` resource of this tool's MCP App, if it has one.

@@ -379,13 +379,9 @@ async fn openapi(
     let mut shown = Vec::new();
     for tool in gate.visible() {
         shown.push(tool.name.as_str().to_owned());
-        let Some(binding) = &tool.http else { continue };
-        let mut op = binding.operation();
-        if let Value::Object(o) = &mut op {
-            o.retain(|k, _| !k.starts_with("x-toolgate-"));
-            o.insert("operationId".into(), json!(tool.name.as_str()));
-            o.insert("tags".into(), json!([tool.group]));
-        }
+        let (Some(binding), Some(op)) = (&tool.http, tool.openapi_operation()) else {
+            continue;
+        };
         paths
             .entry(format!("/tools/{}{}", tool.group, binding.path))
             .or_default()

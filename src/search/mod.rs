@@ -403,8 +403,8 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
             narrowing: None,
             listed: Default::default(),
             audit: Arc::default(),
-            annotations: def.annotations.clone(),
-            meta: def.meta.clone(),
+            annotations: def.annotations.clone().map(Box::new),
+            meta: def.meta.clone().map(Box::new),
         }));
     }
     Ok(Catalog::new(tools, Vec::new()))

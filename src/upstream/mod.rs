@@ -477,8 +477,8 @@ fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
         narrowing: None,
         listed: Default::default(),
         audit: Arc::new(crate::audit::AuditPolicy::default()),
-        annotations: t.annotations.clone(),
-        meta: t.meta.clone().map(|m| rewrite_ui_meta(group, m)),
+        annotations: t.annotations.clone().map(Box::new),
+        meta: t.meta.clone().map(|m| Box::new(rewrite_ui_meta(group, m))),
     })
 }
 
