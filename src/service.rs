@@ -480,7 +480,7 @@ pub async fn set_upstream(
         .load()
         .catalog
         .tools()
-        .any(|t| t.group == name && matches!(t.source, crate::pool::ToolSource::Script { .. }))
+        .any(|t| t.group() == name && matches!(t.source, crate::pool::ToolSource::Script { .. }))
     {
         return Err(ServiceError::Conflict(format!(
             "`{name}` is already a script tool group"

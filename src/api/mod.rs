@@ -454,7 +454,7 @@ async fn list_tools(State(state): State<AppState>) -> Json<Value> {
         .tools()
         .map(|t| {
             json!({
-                "name": t.name, "group": t.group, "title": t.title, "description": t.description,
+                "name": t.name, "group": t.group(), "title": t.title, "description": t.description,
                 "input_schema": *t.input_schema.read(), "source": t.source, "content_hash": t.content_hash,
                 "held": snapshot.is_held(t.name.as_str()),
             })

@@ -46,7 +46,7 @@ pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Resul
         for t in batch {
             let row = [
                 Some(t.name.as_str().to_owned()),
-                Some(t.group.clone()),
+                Some(t.group().to_owned()),
                 t.title.clone(),
                 t.description.clone(),
                 Some(t.input_schema.text().to_owned()),

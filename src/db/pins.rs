@@ -123,7 +123,7 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
     let pinned = pinned_groups(&mut tx).await?;
     let tools: Vec<&Arc<Tool>> = catalog
         .tools()
-        .filter(|t| pinned.contains(&t.group))
+        .filter(|t| pinned.contains(t.group()))
         .collect();
     let mut done = Detected::default();
     if tools.is_empty() {
@@ -133,7 +133,7 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
     let names: Vec<String> = tools.iter().map(|t| t.name.as_str().to_owned()).collect();
     let groups: Vec<String> = tools
         .iter()
-        .map(|t| t.group.clone())
+        .map(|t| t.group().to_owned())
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
@@ -169,13 +169,13 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
             continue;
         }
         let upstream = matches!(t.source, ToolSource::Upstream { .. });
-        if upstream && !known.contains(&t.group) {
+        if upstream && !known.contains(t.group()) {
             let inserted = sqlx::query(
                 "INSERT INTO tool_approvals (name, group_name, content_hash, definition, approved_by)
                  VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING",
             )
             .bind(name)
-            .bind(&t.group)
+            .bind(t.group())
             .bind(&t.content_hash)
             .bind(t.definition())
             .bind(FIRST_USE)
@@ -187,7 +187,7 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
                     EventKind::ToolDefinitionApproved,
                     name,
                     Some(FIRST_USE),
-                    json!({"group": t.group, "hash": t.content_hash, "previous_hash": null,
+                    json!({"group": t.group(), "hash": t.content_hash, "previous_hash": null,
                            "first_use": true, "source": source_word(t)}),
                 )
                 .await?;
@@ -205,7 +205,7 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
         )
         .bind(name)
         .bind(&t.content_hash)
-        .bind(&t.group)
+        .bind(t.group())
         .bind(t.definition())
         .bind(previous.map(|(h, _)| h))
         .bind(previous.map(|(_, d)| d))
@@ -218,7 +218,7 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
                 EventKind::ToolDefinitionChanged,
                 name,
                 None,
-                json!({"group": t.group, "previous_hash": previous.map(|(h, _)| h),
+                json!({"group": t.group(), "previous_hash": previous.map(|(h, _)| h),
                        "new_hash": t.content_hash, "source": source_word(t)}),
             )
             .await?;
@@ -242,7 +242,7 @@ pub async fn baseline(
     lock(conn).await?;
     let mut defs: BTreeMap<String, (String, Value)> = catalog
         .tools()
-        .filter(|t| t.group == group)
+        .filter(|t| t.group() == group)
         .map(|t| {
             (
                 t.name.as_str().to_owned(),

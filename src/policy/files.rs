@@ -587,10 +587,9 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
         }
     }
     for name in policies.upstreams.keys() {
-        if catalog
-            .tools()
-            .any(|t| t.group == *name && matches!(t.source, crate::pool::ToolSource::Script { .. }))
-        {
+        if catalog.tools().any(|t| {
+            t.group() == *name && matches!(t.source, crate::pool::ToolSource::Script { .. })
+        }) {
             problems.push(Problem {
                 file: format!("policies/upstreams/{name}.yaml"),
                 line: 1,

@@ -170,7 +170,7 @@ impl PinState {
     /// tool has none). The previously approved definition is not served in its place: this
     /// instance no longer has it, and serving stale text under a new script would be worse.
     pub fn holds(&self, tool: &Tool) -> bool {
-        self.groups.contains(&tool.group)
+        self.groups.contains(tool.group())
             && self.approved.get(tool.name.as_str()) != Some(&tool.content_hash)
     }
 }

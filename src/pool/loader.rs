@@ -103,7 +103,7 @@ pub fn load_pool(dir: &Path, previous: Option<&Catalog>, settings: &LoaderSettin
             Ok(group_tools) => {
                 let name = group_tools
                     .first()
-                    .map(|t| t.group.clone())
+                    .map(|t| t.group().to_owned())
                     .unwrap_or_else(|| folder_name.clone());
                 groups.push(GroupStatus {
                     name,
@@ -130,7 +130,7 @@ pub fn load_pool(dir: &Path, previous: Option<&Catalog>, settings: &LoaderSettin
                 groups.push(GroupStatus {
                     name: last_good
                         .first()
-                        .map(|t| t.group.clone())
+                        .map(|t| t.group().to_owned())
                         .unwrap_or_else(|| folder_name.clone()),
                     folder: folder_name.clone(),
                     source: "script",
@@ -442,8 +442,6 @@ pub fn load_group(
                 HttpBinding::script_operation_text(op, summary.as_deref(), description.as_deref());
             tools.push(Arc::new(Tool {
                 name,
-                group: group.clone(),
-                operation: op_id.to_owned(),
                 title: summary,
                 description,
                 input_schema: kept,
@@ -829,7 +827,7 @@ mod tests {
         std::fs::write(dir.path().join("openapi.json"), doc.to_string()).unwrap();
         let tools = load_group(dir.path(), "g", &LoaderSettings::default()).unwrap();
         for (id, extra) in &ops {
-            let tool = tools.iter().find(|t| t.operation == *id).unwrap();
+            let tool = tools.iter().find(|t| t.operation() == *id).unwrap();
             let mut want = doc["paths"][format!("/{id}")]["post"].clone();
             let o = want.as_object_mut().unwrap();
             o.retain(|k, _| !k.starts_with("x-toolgate-"));

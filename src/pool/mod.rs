@@ -53,6 +53,19 @@ impl ToolName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The group part: what comes before the first `__`. No group name contains `__` (the
+    /// loader, the upstream API and the upstream supervisor all refuse one), so this is the
+    /// group the tool was loaded from.
+    pub fn group(&self) -> &str {
+        self.0.split_once(SEPARATOR).map_or(&self.0, |(g, _)| g)
+    }
+
+    /// The operation part: what comes after the first `__` (the upstream's own tool name for
+    /// an upstream tool).
+    pub fn operation(&self) -> &str {
+        self.0.split_once(SEPARATOR).map_or("", |(_, o)| o)
+    }
 }
 
 impl fmt::Display for ToolName {
@@ -172,9 +185,9 @@ pub enum Execution {
 /// One tool of the pool (or, narrowed by an agent's argument rules, that agent's copy of it).
 #[derive(Debug, Clone)]
 pub struct Tool {
+    /// `<group>__<operation>`: the group and operation are read off it ([`Self::group`]), not
+    /// kept twice (two strings a tool, in a pool of 100,000).
     pub name: ToolName,
-    pub group: String,
-    pub operation: String,
     pub title: Option<String>,
     pub description: Option<String>,
     pub input_schema: InputSchema,
@@ -270,6 +283,16 @@ impl Narrowing {
 }
 
 impl Tool {
+    /// The group this tool belongs to.
+    pub fn group(&self) -> &str {
+        self.name.group()
+    }
+
+    /// The operation's name inside its group (an upstream tool's own name).
+    pub fn operation(&self) -> &str {
+        self.name.operation()
+    }
+
     /// The MCP `Tool` definition, as `tools/list` shows it. Keeps the parsed input schema: a
     /// listed tool is listed again.
     pub fn mcp_definition(&self) -> rmcp::model::Tool {
@@ -327,7 +350,7 @@ impl Tool {
             );
             o.insert(
                 "tags".into(),
-                Value::Array(vec![Value::String(self.group.clone())]),
+                Value::Array(vec![Value::String(self.group().to_owned())]),
             );
         }
         Some(op)
@@ -589,7 +612,7 @@ impl Catalog {
 
     /// The names of the groups that serve tools, for suggestions and grant checks.
     pub fn group_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.tools.iter().map(|t| t.group.clone()).collect();
+        let mut names: Vec<String> = self.tools.iter().map(|t| t.group().to_owned()).collect();
         names.dedup();
         names.sort();
         names.dedup();
@@ -618,7 +641,7 @@ impl Catalog {
         let mut added: Vec<Arc<Tool>> = Vec::new();
         let mut names = std::collections::BTreeSet::new();
         for t in tools {
-            if script_groups.contains(&t.group)
+            if script_groups.iter().any(|g| g == t.group())
                 || out.get(t.name.as_str()).is_some()
                 || !names.insert(t.name.clone())
             {
@@ -638,5 +661,21 @@ impl Catalog {
             .values()
             .filter_map(|g| g.error.clone())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_names_group_and_operation_are_split_at_the_first_separator() {
+        let n = ToolName::parse("github__create_issue").unwrap();
+        assert_eq!((n.group(), n.operation()), ("github", "create_issue"));
+        // An upstream's own tool name may itself hold `__`; a group name never does.
+        let n = ToolName::parse("up__a__b").unwrap();
+        assert_eq!((n.group(), n.operation()), ("up", "a__b"));
+        let n = ToolName::parse("plain").unwrap();
+        assert_eq!((n.group(), n.operation()), ("plain", ""));
     }
 }

@@ -58,7 +58,7 @@ fn route<'c>(
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    visible.iter().filter(|t| t.group == group).find_map(|t| {
+    visible.iter().filter(|t| t.group() == group).find_map(|t| {
         let binding = t.http.as_ref()?;
         if binding.method != *method {
             return None;
@@ -383,7 +383,7 @@ async fn openapi(
             continue;
         };
         paths
-            .entry(format!("/tools/{}{}", tool.group, binding.path))
+            .entry(format!("/tools/{}{}", tool.group(), binding.path))
             .or_default()
             .insert(binding.method.as_str().to_lowercase(), op);
     }

@@ -365,7 +365,7 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
     let mut tools = Vec::with_capacity(defs.len());
     for def in defs {
         let name = ToolName::parse(&def.name)?;
-        let (group, operation) = def
+        let (group, _) = def
             .name
             .split_once(crate::pool::SEPARATOR)
             .ok_or_else(|| format!("`{}` is not `<group>__<operation>`", def.name))?;
@@ -380,8 +380,6 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
         let hash = Sha256::digest(serde_json::to_vec(&def).unwrap_or_default());
         tools.push(Arc::new(Tool {
             name,
-            group: group.to_owned(),
-            operation: operation.to_owned(),
             title: def.title.clone(),
             description: def.description.as_ref().map(|d| d.to_string()),
             input_schema: schema,

@@ -72,12 +72,12 @@ fn search_is_limited_to_the_visible_tools() {
     let index = SearchIndex::build(&catalog, None);
     let slack: Vec<_> = catalog
         .tools()
-        .filter(|t| t.group == "slack")
+        .filter(|t| t.group() == "slack")
         .cloned()
         .collect();
     let hits = index.search(&slack, "merge a pull request", 20);
     assert!(
-        hits.iter().all(|h| h.tool.group == "slack"),
+        hits.iter().all(|h| h.tool.group() == "slack"),
         "{:?}",
         names(&hits)
     );
@@ -171,7 +171,7 @@ fn the_search_listing_is_the_meta_tools_and_the_visible_pins_in_name_order() {
     let catalog = reference();
     let visible: Vec<_> = catalog
         .tools()
-        .filter(|t| t.group == "slack" || t.group == "github")
+        .filter(|t| t.group() == "slack" || t.group() == "github")
         .cloned()
         .collect();
     let pinned = [

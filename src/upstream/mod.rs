@@ -430,6 +430,15 @@ impl Upstreams {
 
 /// Converts an upstream tool into a pool tool named `<group>__<tool>`.
 fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
+    // A tool's group is read off its name up to the first `__`; a group name with `__` in it
+    // (one written into the table by hand, past the API's check) would be read as another
+    // group's, so none is served.
+    if group.contains(SEPARATOR) {
+        return Err(format!(
+            "tool `{}` skipped: group name `{group}` contains `{SEPARATOR}`",
+            t.name
+        ));
+    }
     let name = ToolName::parse(&format!("{group}{SEPARATOR}{}", t.name))
         .map_err(|e| format!("tool `{}` skipped: {e}", t.name))?;
     // Upstream schemas are hostile input too: no network `$ref`s are resolved.
@@ -446,8 +455,6 @@ fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
     sha2::Digest::update(&mut hasher, serde_json::to_vec(t).unwrap_or_default());
     Ok(Tool {
         name,
-        group: group.to_owned(),
-        operation: t.name.to_string(),
         title: t.title.clone(),
         description: t.description.as_ref().map(|d| d.to_string()),
         input_schema: schema,
@@ -687,5 +694,32 @@ async fn supervise(shared: Arc<Shared>, on_change: Arc<dyn Fn() + Send + Sync>) 
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream_tool(name: &str) -> rmcp::model::Tool {
+        serde_json::from_value(serde_json::json!({
+            "name": name, "description": "d", "inputSchema": {"type": "object"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_upstream_tool_keeps_its_group_and_own_name() {
+        let t = to_pool_tool("up", &upstream_tool("do__it")).unwrap();
+        assert_eq!(t.name.as_str(), "up__do__it");
+        assert_eq!((t.group(), t.operation()), ("up", "do__it"));
+    }
+
+    /// A group written into the table past the API's check must not pass for another group:
+    /// `a__b` + `c` would be named `a__b__c` and read as group `a`.
+    #[test]
+    fn a_group_name_with_the_separator_serves_no_tool() {
+        let e = to_pool_tool("a__b", &upstream_tool("c")).unwrap_err();
+        assert!(e.contains("contains `__`"), "{e}");
     }
 }

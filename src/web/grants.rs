@@ -29,7 +29,7 @@ pub fn catalog_options(snapshot: &PolicySnapshot) -> Vec<CatalogOption> {
         .group_names()
         .into_iter()
         .map(|g| {
-            let n = catalog.tools().filter(|t| t.group == g).count();
+            let n = catalog.tools().filter(|t| t.group() == g).count();
             CatalogOption {
                 label: format!("group · {n} tool(s)"),
                 value: g,

@@ -62,7 +62,7 @@ pub async fn index(State(state): State<AppState>, ctx: Ctx) -> Result<Response, 
         .tools()
         .map(|t| ToolView {
             name: t.name.as_str().to_owned(),
-            group: t.group.clone(),
+            group: t.group().to_owned(),
             title: t.title.clone().unwrap_or_default(),
             description: t.description.clone().unwrap_or_default(),
             schema: serde_json::to_string_pretty(&*t.input_schema).unwrap_or_default(),
