@@ -42,8 +42,8 @@ fuzz_target!(|data: &[u8]| {
     for tool in &tools {
         let name = tool.name.as_str();
         assert_eq!(
-            name.strip_prefix(&format!("{}__", tool.group)),
-            Some(tool.operation.as_str())
+            name.strip_prefix(&format!("{}__", tool.group())),
+            Some(tool.operation())
         );
         assert!(
             matches!(tool.input_schema.get("type"), Some(Value::String(t)) if t == "object"),
