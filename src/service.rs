@@ -570,7 +570,7 @@ fn decided_hash(state: &AppState, name: &str, hash: Option<&str>) -> Result<Opti
             .policy
             .catalog()
             .get(name)
-            .map(|t| t.content_hash.clone())),
+            .map(|t| t.content_hash.hex())),
     }
 }
 

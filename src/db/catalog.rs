@@ -38,7 +38,11 @@ pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Resul
     .collect();
     let stale: Vec<_> = catalog
         .tools()
-        .filter(|t| current.get(t.name.as_str()) != Some(&t.content_hash))
+        .filter(|t| {
+            !current
+                .get(t.name.as_str())
+                .is_some_and(|h| t.content_hash == *h)
+        })
         .collect();
     drop(current);
     for batch in stale.chunks(BATCH) {
@@ -50,7 +54,7 @@ pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Resul
                 t.title.clone(),
                 t.description.clone(),
                 Some(t.input_schema.text().to_owned()),
-                Some(t.content_hash.clone()),
+                Some(t.content_hash.hex()),
                 Some(t.source.label().to_owned()),
                 Some(t.definition().to_string()),
             ];

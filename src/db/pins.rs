@@ -176,7 +176,7 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
             )
             .bind(name)
             .bind(t.group())
-            .bind(&t.content_hash)
+            .bind(t.content_hash.hex())
             .bind(t.definition())
             .bind(FIRST_USE)
             .execute(&mut *tx)
@@ -195,7 +195,7 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
             }
             continue;
         }
-        if pending.contains(&(name.to_owned(), t.content_hash.clone())) {
+        if pending.contains(&(name.to_owned(), t.content_hash.hex())) {
             continue;
         }
         let inserted = sqlx::query(
@@ -204,7 +204,7 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
              VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name, content_hash) DO NOTHING",
         )
         .bind(name)
-        .bind(&t.content_hash)
+        .bind(t.content_hash.hex())
         .bind(t.group())
         .bind(t.definition())
         .bind(previous.map(|(h, _)| h))
@@ -246,7 +246,7 @@ pub async fn baseline(
         .map(|t| {
             (
                 t.name.as_str().to_owned(),
-                (t.content_hash.clone(), t.definition()),
+                (t.content_hash.hex(), t.definition()),
             )
         })
         .collect();

@@ -54,7 +54,7 @@ pub async fn read(
         Execution::Script(spec) => {
             let rel = tool.ui.as_deref().ok_or_else(not_found)?;
             // The file must stay inside the group folder, symlinks included.
-            let folder = std::fs::canonicalize(&spec.workdir).map_err(|_| not_found())?;
+            let folder = std::fs::canonicalize(spec.workdir()).map_err(|_| not_found())?;
             let path = std::fs::canonicalize(folder.join(rel)).map_err(|_| not_found())?;
             if !path.starts_with(&folder) {
                 return Err(not_found());

@@ -171,7 +171,10 @@ impl PinState {
     /// instance no longer has it, and serving stale text under a new script would be worse.
     pub fn holds(&self, tool: &Tool) -> bool {
         self.groups.contains(tool.group())
-            && self.approved.get(tool.name.as_str()) != Some(&tool.content_hash)
+            && !self
+                .approved
+                .get(tool.name.as_str())
+                .is_some_and(|h| tool.content_hash == *h)
     }
 }
 
@@ -819,7 +822,7 @@ mod incremental {
         pinned.pins.groups.insert("a".into());
         pinned.pins.approved.insert(
             "a__one".into(),
-            handle.catalog().get("a__one").unwrap().content_hash.clone(),
+            handle.catalog().get("a__one").unwrap().content_hash.hex(),
         );
         handle.set_state(pinned);
         assert!(!Arc::ptr_eq(handle.load().agent("x").unwrap(), &x2));

@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 
 use super::sandbox::{GroupLimits, Mode, Sandbox, SandboxSettings};
 use super::{
-    Catalog, Execution, GroupStatus, HttpBinding, InputSchema, InputValidator, LoadError,
-    SEPARATOR, ScriptSpec, Tool, ToolName, ToolSource, is_name_char,
+    Catalog, ContentHash, Execution, GroupStatus, HttpBinding, InputSchema, InputValidator,
+    LoadError, SEPARATOR, ScriptGroup, ScriptSpec, Tool, ToolName, ToolSource, is_name_char,
 };
 
 /// Defaults that apply to every script unless its operation says otherwise.
@@ -85,7 +85,7 @@ pub fn load_pool(dir: &Path, previous: Option<&Catalog>, settings: &LoaderSettin
                 .find(|t| tools.contains_key(t.name.as_str()))
             {
                 let other = match &tools[clash.name.as_str()].source {
-                    ToolSource::Script { folder } => folder.clone(),
+                    ToolSource::Script { folder } => folder.to_string(),
                     ToolSource::Upstream { upstream } => upstream.clone(),
                 };
                 return Err(LoadError {
@@ -121,7 +121,7 @@ pub fn load_pool(dir: &Path, previous: Option<&Catalog>, settings: &LoaderSettin
                 let last_good: Vec<Arc<Tool>> = previous
                     .map(|p| {
                         p.tools()
-                            .filter(|t| matches!(&t.source, ToolSource::Script { folder } if *folder == folder_name))
+                            .filter(|t| matches!(&t.source, ToolSource::Script { folder } if **folder == *folder_name))
                             .filter(|t| !tools.contains_key(t.name.as_str()))
                             .cloned()
                             .collect()
@@ -281,8 +281,13 @@ pub fn load_group(
                 .map_err(|e| fail(&spec_file, format!("`x-toolgate-sandbox` is invalid: {e}")))?,
         },
     };
-    let env_allow: Arc<[String]> = env_allow.into();
-    let workdir: Arc<Path> = folder.into();
+    let group_spec = Arc::new(ScriptGroup {
+        workdir: folder.to_path_buf(),
+        env_allow: env_allow.into_boxed_slice(),
+        sandbox,
+        max_concurrency: settings.max_concurrency_per_tool,
+    });
+    let folder_arc: Arc<str> = folder_name.into();
     let scripts = scripts_by_stem(folder).map_err(|e| fail(folder_name, e))?;
     let paths = doc
         .get("paths")
@@ -447,23 +452,22 @@ pub fn load_group(
                 input_schema: kept,
                 content_hash,
                 source: ToolSource::Script {
-                    folder: folder_name.to_owned(),
+                    folder: folder_arc.clone(),
                 },
                 http: Some(HttpBinding {
                     operation,
                     ..binding
                 }),
                 exec: Execution::Script(ScriptSpec {
-                    script,
-                    workdir: workdir.clone(),
+                    group: group_spec.clone(),
+                    file: script
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .unwrap_or_default()
+                        .into(),
                     timeout,
-                    env_allow: env_allow.clone(),
-                    slots: Arc::new(tokio::sync::Semaphore::new(
-                        settings.max_concurrency_per_tool,
-                    )),
-                    sandbox: sandbox.clone(),
                 }),
-                validator: Arc::new(validator),
+                validator,
                 meta: meta.map(Box::new),
                 ui,
                 audit: audit.clone(),
@@ -646,6 +650,10 @@ fn input_schema(
             Some(Value::Bool(true)) | Some(Value::Object(_))
         );
     }
+    // Kept for the pool's life: no spare capacity (a one-name list grew to room for four).
+    binding.path_params.shrink_to_fit();
+    binding.query_params.shrink_to_fit();
+    binding.body_params.shrink_to_fit();
     let mut out = Map::new();
     out.insert("type".into(), json!("object"));
     out.insert("properties".into(), Value::Object(properties));
@@ -712,7 +720,7 @@ struct Hashed<'a> {
 /// is a changed definition, and a swapped script or App file behind the same definition is the
 /// same attack, so it changes the hash too. Each part is length-prefixed, so no two different
 /// tools can hash the same input by moving bytes between parts.
-fn content_hash(t: &Hashed<'_>) -> String {
+fn content_hash(t: &Hashed<'_>) -> ContentHash {
     let mut h = Sha256::new();
     let meta = t
         .meta
@@ -736,7 +744,7 @@ fn content_hash(t: &Hashed<'_>) -> String {
         h.update((bytes.len() as u64).to_be_bytes());
         h.update(bytes);
     }
-    hex::encode(h.finalize())
+    ContentHash::from_digest(h.finalize())
 }
 
 #[cfg(test)]

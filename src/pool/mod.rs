@@ -7,6 +7,7 @@ pub mod definition;
 pub mod loader;
 pub mod runner;
 pub mod sandbox;
+pub mod slots;
 pub mod spawn;
 pub mod watcher;
 
@@ -83,8 +84,8 @@ pub fn is_name_char(c: char) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum ToolSource {
-    /// A script in a folder under `tools/`.
-    Script { folder: String },
+    /// A script in a folder under `tools/` (the name shared by the group's tools).
+    Script { folder: Arc<str> },
     /// A tool of an upstream MCP server.
     Upstream { upstream: String },
 }
@@ -155,20 +156,93 @@ impl HttpBinding {
     }
 }
 
+/// A tool's content hash (SHA-256 of its definition and files): 32 bytes inline, not 64 hex
+/// characters on the heap in every tool of the pool. It is written, compared and stored as
+/// lowercase hex, as before.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ContentHash([u8; 32]);
+
+impl ContentHash {
+    pub fn from_digest(digest: impl Into<[u8; 32]>) -> Self {
+        Self(digest.into())
+    }
+
+    /// The lowercase hex form, as stored in the database and shown in the API.
+    pub fn hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Whether `hex` is this hash's hex form (case-sensitive, as the stored form is lowercase),
+    /// without allocating.
+    pub fn matches(&self, hex: &str) -> bool {
+        let mut buf = [0u8; 64];
+        hex::encode_to_slice(self.0, &mut buf).is_ok() && buf == hex.as_bytes()
+    }
+}
+
+impl fmt::Display for ContentHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.hex())
+    }
+}
+
+impl fmt::Debug for ContentHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ContentHash({self})")
+    }
+}
+
+impl Serialize for ContentHash {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.hex())
+    }
+}
+
+impl PartialEq<String> for ContentHash {
+    fn eq(&self, other: &String) -> bool {
+        self.matches(other)
+    }
+}
+
+impl PartialEq<ContentHash> for String {
+    fn eq(&self, other: &ContentHash) -> bool {
+        other.matches(self)
+    }
+}
+
+/// What the tools of one script folder share: one allocation for the whole group, not a copy
+/// in each of its tools (a pool of 100,000 tools held ~130 bytes of these per tool).
+#[derive(Debug)]
+pub struct ScriptGroup {
+    /// The group's folder: the scripts' working directory.
+    pub workdir: PathBuf,
+    /// Names of environment variables passed through besides the fixed allow-list.
+    pub env_allow: Box<[String]>,
+    /// How the group's scripts are confined.
+    pub sandbox: sandbox::Sandbox,
+    /// How many calls of each of the group's tools run at once ([`slots`]).
+    pub max_concurrency: usize,
+}
+
 /// What running a script needs.
 #[derive(Debug, Clone)]
 pub struct ScriptSpec {
-    pub script: PathBuf,
-    /// The group's folder: one allocation shared by every tool of the group.
-    pub workdir: Arc<Path>,
+    pub group: Arc<ScriptGroup>,
+    /// The script's file name in the group's folder (the loader only takes UTF-8 names).
+    pub file: Box<str>,
     pub timeout: Duration,
-    /// Names of environment variables passed through besides the fixed allow-list (the
-    /// group's, shared by its tools).
-    pub env_allow: Arc<[String]>,
-    /// Bounds how many copies of this tool run at once.
-    pub slots: Arc<tokio::sync::Semaphore>,
-    /// How the script is confined.
-    pub sandbox: sandbox::Sandbox,
+}
+
+impl ScriptSpec {
+    /// The script's path.
+    pub fn script(&self) -> PathBuf {
+        self.group.workdir.join(&*self.file)
+    }
+
+    /// The group's folder, where the script runs.
+    pub fn workdir(&self) -> &Path {
+        &self.group.workdir
+    }
 }
 
 /// How a call is executed.
@@ -191,12 +265,12 @@ pub struct Tool {
     pub title: Option<String>,
     pub description: Option<String>,
     pub input_schema: InputSchema,
-    pub content_hash: String,
+    pub content_hash: ContentHash,
     pub source: ToolSource,
     pub http: Option<HttpBinding>,
     pub exec: Execution,
     /// The tool's own input schema, compiled on first use (a narrowed copy shares it).
-    pub validator: Arc<InputValidator>,
+    pub validator: InputValidator,
     /// Relative path of an MCP App UI file in the tool's folder.
     pub ui: Option<String>,
     /// What the audit log keeps of this tool's calls.
@@ -398,6 +472,10 @@ pub struct InputSchema(Arc<SchemaText>);
 struct SchemaText {
     text: Box<str>,
     parsed: std::sync::OnceLock<Arc<Map<String, Value>>>,
+    /// The validator of this schema, compiled on first use ([`InputValidator`]); here rather
+    /// than in an allocation of its own per tool. Boxed: a compiled validator is ~170 bytes
+    /// inline, and most tools of a large pool are never called.
+    compiled: std::sync::OnceLock<Box<Result<jsonschema::Validator, String>>>,
 }
 
 impl InputSchema {
@@ -408,6 +486,7 @@ impl InputSchema {
                 .unwrap_or_default()
                 .into_boxed_str(),
             parsed: std::sync::OnceLock::new(),
+            compiled: std::sync::OnceLock::new(),
         }))
     }
 
@@ -472,13 +551,13 @@ impl fmt::Debug for InputSchema {
 /// given instance: keeping one per tool made memory grow with the pool. The schema is compiled
 /// once when the tool is loaded, so that a schema that does not compile is the loader's error,
 /// and the result is dropped; the call path compiles it again, once, from the same schema.
-#[derive(Debug)]
+///
+/// The compiled validator is kept with the schema's text, so a validator is a handle on it: a
+/// narrowed copy of a tool clones the handle and shares the pool tool's validator.
+#[derive(Debug, Clone)]
 pub struct InputValidator {
     schema: InputSchema,
     draft: Option<jsonschema::Draft>,
-    /// Boxed: a compiled validator is ~170 bytes inline, and most tools of a large pool are
-    /// never called, so the empty cell costs a pointer instead.
-    compiled: std::sync::OnceLock<Box<Result<jsonschema::Validator, String>>>,
 }
 
 impl InputValidator {
@@ -503,16 +582,14 @@ impl InputValidator {
         draft: Option<jsonschema::Draft>,
     ) -> Result<Self, String> {
         Self::build(parsed, draft)?;
-        Ok(Self {
-            schema,
-            draft,
-            compiled: std::sync::OnceLock::new(),
-        })
+        Ok(Self { schema, draft })
     }
 
     /// The compiled validator, built on first use.
     pub fn compiled(&self) -> Result<&jsonschema::Validator, &str> {
-        self.compiled
+        self.schema
+            .0
+            .compiled
             .get_or_init(|| Box::new(Self::build(&self.schema.read(), self.draft)))
             .as_ref()
             .as_ref()

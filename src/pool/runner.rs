@@ -110,7 +110,9 @@ pub async fn run(
     trace: &TraceContext,
 ) -> ScriptOutcome {
     let started = Instant::now();
-    let Ok(Ok(_permit)) = tokio::time::timeout(spec.timeout, spec.slots.acquire()).await else {
+    let script = spec.script();
+    let slots = super::slots::for_script(&script, spec.group.max_concurrency);
+    let Ok(Ok(_permit)) = tokio::time::timeout(spec.timeout, slots.acquire()).await else {
         return ScriptOutcome::Busy;
     };
     let remaining = spec.timeout.saturating_sub(started.elapsed());
@@ -119,7 +121,7 @@ pub async fn run(
     for name in BASE_ENV
         .iter()
         .copied()
-        .chain(spec.env_allow.iter().map(String::as_str))
+        .chain(spec.group.env_allow.iter().map(String::as_str))
     {
         if let Some(value) = std::env::var_os(name) {
             env.push((name.into(), value));
@@ -137,7 +139,7 @@ pub async fn run(
         }
     }
     // Removed when this function returns, after everything the script started is gone.
-    let (confine, _call_dir) = match spec.sandbox.prepare(&spec.workdir) {
+    let (confine, _call_dir) = match spec.group.sandbox.prepare(spec.workdir()) {
         Ok(Some((confine, dir))) => {
             env.retain(|(n, _)| n != "TMPDIR");
             env.push(("TMPDIR".into(), dir.path().into()));
@@ -151,7 +153,7 @@ pub async fn run(
         }
     };
     // The child is killed if this future is dropped (the caller went away).
-    let mut child = match spawn(&spec.script, &spec.workdir, &env, confine) {
+    let mut child = match spawn(&script, spec.workdir(), &env, confine) {
         Ok(c) => c,
         Err(e) => {
             return ScriptOutcome::SpawnFailed {

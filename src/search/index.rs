@@ -954,7 +954,7 @@ mod tests {
         let gone = tools.remove(3);
         let mut changed = (*tools[0]).clone();
         changed.description = Some("Sends a weather report to the issue tracker".into());
-        changed.content_hash = "changed".into();
+        changed.content_hash = crate::pool::ContentHash::from_digest([7u8; 32]);
         tools[0] = Arc::new(changed);
         let edited = Catalog::new(tools, Vec::new());
         let incremental = SearchIndex::build(&edited, Some(&second));

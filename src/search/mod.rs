@@ -51,7 +51,9 @@ pub use index::{Fusion, Hit, SearchIndex, SearchOptions};
 
 use crate::cost::{self, ListCost};
 use crate::policy::snapshot::{AgentView, Discovery, PolicySnapshot};
-use crate::pool::{Catalog, Execution, ScriptSpec, Tool, ToolName, ToolSource};
+use crate::pool::{
+    Catalog, ContentHash, Execution, ScriptGroup, ScriptSpec, Tool, ToolName, ToolSource,
+};
 
 /// The search meta-tool. Real tool names always contain `__`, so it cannot collide with one.
 pub const SEARCH_TOOLS: &str = "search_tools";
@@ -383,20 +385,22 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
             title: def.title.clone(),
             description: def.description.as_ref().map(|d| d.to_string()),
             input_schema: schema,
-            content_hash: hex::encode(hash),
+            content_hash: ContentHash::from_digest(hash),
             source: ToolSource::Upstream {
                 upstream: group.to_owned(),
             },
             http: None,
             exec: Execution::Script(ScriptSpec {
-                script: PathBuf::new(),
-                workdir: std::path::Path::new("").into(),
+                group: Arc::new(ScriptGroup {
+                    workdir: PathBuf::new(),
+                    env_allow: Box::default(),
+                    sandbox: Default::default(),
+                    max_concurrency: 1,
+                }),
+                file: "".into(),
                 timeout: Duration::from_secs(1),
-                env_allow: Arc::from([]),
-                slots: Arc::new(tokio::sync::Semaphore::new(1)),
-                sandbox: Default::default(),
             }),
-            validator: Arc::new(validator),
+            validator,
             ui: None,
             narrowing: None,
             listed: Default::default(),

@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::pool::{
-    Execution, GroupStatus, HttpBinding, LoadError, SEPARATOR, Tool, ToolName, ToolSource,
+    ContentHash, Execution, GroupStatus, HttpBinding, LoadError, SEPARATOR, Tool, ToolName,
+    ToolSource,
 };
 use crate::telemetry::TraceContext;
 
@@ -458,7 +459,7 @@ fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
         title: t.title.clone(),
         description: t.description.as_ref().map(|d| d.to_string()),
         input_schema: schema,
-        content_hash: hex::encode(sha2::Digest::finalize(hasher)),
+        content_hash: ContentHash::from_digest(sha2::Digest::finalize(hasher)),
         source: ToolSource::Upstream {
             upstream: group.to_owned(),
         },
@@ -479,7 +480,7 @@ fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
             upstream: group.to_owned(),
             tool: t.name.to_string(),
         },
-        validator: Arc::new(validator),
+        validator,
         ui: None,
         narrowing: None,
         listed: Default::default(),

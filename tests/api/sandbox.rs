@@ -681,7 +681,13 @@ async fn spawn_cost() {
     let mut t_prepare: Vec<Duration> = (0..runs)
         .map(|_| {
             let started = Instant::now();
-            drop(sandboxed.sandbox.prepare(&sandboxed.workdir).unwrap());
+            drop(
+                sandboxed
+                    .group
+                    .sandbox
+                    .prepare(sandboxed.workdir())
+                    .unwrap(),
+            );
             started.elapsed()
         })
         .collect();
