@@ -227,3 +227,68 @@ async fn broken_groups_are_reported_with_file_and_reason(pool: PgPool) {
     let token = app.agent("tester", &["ok"]).await;
     assert_eq!(app.tool_names(&token).await, ["ok__echo"]);
 }
+
+/// A tool's concurrency bound holds across every copy of it: the same folder loaded twice (a
+/// reload that shortened the timeout) takes its permits from the one semaphore of the script,
+/// so a call beyond the bound waits for the timeout and is refused as busy, while a call of
+/// the first copy is still running.
+#[tokio::test]
+async fn the_concurrency_bound_holds_across_reloads_of_a_tool() {
+    use toolgate::pool::loader::{LoaderSettings, load_group};
+    use toolgate::pool::sandbox::{Mode, SandboxSettings};
+    use toolgate::pool::{Execution, runner};
+
+    let root = tempfile::tempdir().unwrap();
+    let (started, release) = (root.path().join("started"), root.path().join("release"));
+    for fifo in [&started, &release] {
+        nix::unistd::mkfifo(fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    }
+    let script = format!(
+        "#!/bin/sh\necho up > '{}'\ncat '{}'\n",
+        started.display(),
+        release.display()
+    );
+    let settings = LoaderSettings {
+        max_concurrency_per_tool: 1,
+        sandbox: std::sync::Arc::new(SandboxSettings::new(Mode::Off, None, &[])),
+        ..LoaderSettings::default()
+    };
+    let load = |timeout_ms: u64| {
+        write_group(
+            root.path(),
+            "slow",
+            &single_op("run", obj(), json!({"x-toolgate-timeout-ms": timeout_ms})),
+            &[("run.sh", &script)],
+        );
+        let tools = load_group(&root.path().join("slow"), "slow", &settings).unwrap();
+        match &tools[0].exec {
+            Execution::Script(s) => s.clone(),
+            Execution::Upstream { .. } => unreachable!(),
+        }
+    };
+    let (first, reloaded) = (load(30_000), load(300));
+    let limits = runner::OutputLimits::default();
+
+    let running = tokio::spawn({
+        let limits = limits.clone();
+        async move { runner::run(&first, &json!({}), &limits, &Default::default()).await }
+    });
+    // The script says it is up through the first FIFO: from here it holds the permit.
+    let up = tokio::task::spawn_blocking(move || std::fs::read_to_string(started).unwrap());
+    assert_eq!(up.await.unwrap().trim(), "up");
+
+    let refused = runner::run(&reloaded, &json!({}), &limits, &Default::default()).await;
+    assert!(
+        matches!(refused, runner::ScriptOutcome::Busy),
+        "{refused:?}"
+    );
+
+    tokio::task::spawn_blocking(move || std::fs::write(release, "{\"done\": true}").unwrap())
+        .await
+        .unwrap();
+    let done = running.await.unwrap();
+    assert!(
+        matches!(&done, runner::ScriptOutcome::Success { output, .. } if output["done"] == true),
+        "{done:?}"
+    );
+}
