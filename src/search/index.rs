@@ -60,6 +60,12 @@ pub struct SearchOptions {
     /// `git` tool and its GitHub counterpart), and the group name is in every tool of the
     /// group, so BM25 alone gives it almost no weight.
     pub group_boost: f64,
+    /// Coordination: a tool's word score is multiplied by the share of the query's term
+    /// weight it matches, to this power (0 turns it off, the default: it lost on dev at every
+    /// power tried, see bench/README.md). BM25 sums terms, so one rare word matched strongly
+    /// can outrank a tool that matches most of the request; but a lexicon's terms are
+    /// alternatives to the typed word, not more of the request, so the share is a poor count.
+    pub coverage_power: f64,
 }
 
 /// How the word ranker and the n-gram ranker are combined.
@@ -96,6 +102,7 @@ impl Default for SearchOptions {
             embedding_weight: 0.25,
             embedding_fusion: Fusion::Sum,
             group_boost: 0.5,
+            coverage_power: 0.0,
         }
     }
 }
@@ -315,6 +322,27 @@ impl SearchOptions {
                 "group boost 0",
                 SearchOptions {
                     group_boost: 0.0,
+                    ..o
+                },
+            ),
+            (
+                "coverage power 0.5",
+                SearchOptions {
+                    coverage_power: 0.5,
+                    ..o
+                },
+            ),
+            (
+                "coverage power 1",
+                SearchOptions {
+                    coverage_power: 1.0,
+                    ..o
+                },
+            ),
+            (
+                "coverage power 2",
+                SearchOptions {
+                    coverage_power: 2.0,
                     ..o
                 },
             ),
@@ -687,8 +715,7 @@ impl SearchIndex {
         terms: &[(String, f64)],
         (slot, n, avg_len): (&[u32], usize, f64),
         len_of: impl Fn(&Doc) -> f32,
-        scores: &mut [f64],
-        matched: &mut [bool],
+        (scores, matched, mut covered): (&mut [f64], &mut [bool], Option<&mut [f64]>),
     ) {
         let SearchOptions { k1, b, .. } = self.options;
         for (term, weight) in terms {
@@ -715,6 +742,9 @@ impl SearchIndex {
                 let norm = k1 * (1.0 - b + b * len / avg_len);
                 scores[i as usize] += weight * idf * tf * (k1 + 1.0) / (tf + norm);
                 matched[i as usize] = true;
+                if let Some(c) = covered.as_deref_mut() {
+                    c[i as usize] += weight;
+                }
             }
         }
     }
@@ -746,15 +776,23 @@ impl SearchIndex {
         let query_terms = analyze::query_terms(query, &self.options.query);
         let mut scores = vec![0.0f64; visible.len()];
         let mut matched = vec![false; visible.len()];
+        let o = &self.options;
+        let mut covered = (o.coverage_power > 0.0).then(|| vec![0.0f64; visible.len()]);
         self.bm25(
             (&self.vocabulary, &self.postings),
             &query_terms,
             (&slot, n, avg_len),
             |a| a.len,
-            &mut scores,
-            &mut matched,
+            (&mut scores, &mut matched, covered.as_deref_mut()),
         );
-        let o = &self.options;
+        if let Some(covered) = covered {
+            let total: f64 = query_terms.iter().map(|(_, w)| w).sum();
+            if total > 0.0 {
+                for (s, c) in scores.iter_mut().zip(covered) {
+                    *s *= (c / total).powf(o.coverage_power);
+                }
+            }
+        }
         if o.ngram_weight > 0.0 {
             let mut gram_total = 0.0;
             for (d, doc) in self.docs.iter().enumerate() {
@@ -773,8 +811,7 @@ impl SearchIndex {
                 &grams,
                 (&slot, n, gram_avg),
                 |a| a.gram_len,
-                &mut gram_scores,
-                &mut matched,
+                (&mut gram_scores, &mut matched, None),
             );
             fuse(visible, &mut scores, &gram_scores, o.ngram_weight, o.fusion);
         }
