@@ -553,7 +553,10 @@ impl fmt::Debug for InputSchema {
 /// and the result is dropped; the call path compiles it again, once, from the same schema.
 ///
 /// The compiled validator is kept with the schema's text, so a validator is a handle on it: a
-/// narrowed copy of a tool clones the handle and shares the pool tool's validator.
+/// narrowed copy of a tool clones the handle and shares the pool tool's validator. The cell is
+/// the schema's, so each `InputSchema` gets one validator ([`Self::check`] on a schema made for
+/// it, as the loader and the upstream supervisor do): a second handle with another draft would
+/// share the first one's compiled result.
 #[derive(Debug, Clone)]
 pub struct InputValidator {
     schema: InputSchema,
