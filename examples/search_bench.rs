@@ -464,6 +464,7 @@ fn main() -> anyhow::Result<()> {
             let mut public = vec![("dev", "dev.json")];
             if !a.dev_only {
                 public.push(("test", "test.json"));
+                public.push(("fresh", "fresh.json"));
             }
             vec![
                 load(
@@ -482,7 +483,7 @@ fn main() -> anyhow::Result<()> {
     println!(
         "quality                       n   recall@1 recall@5  MRR  nDCG@5   | plain BM25 (name + description, no stemming)"
     );
-    let mut test_misses = Vec::new();
+    let mut held_out_misses = Vec::new();
     let mut other_misses = Vec::new();
     for b in &benches {
         let index = SearchIndex::build(&b.catalog, None);
@@ -497,8 +498,8 @@ fn main() -> anyhow::Result<()> {
                     row(&format!("  {lang}"), *s, *bs);
                 }
             }
-            if set == "test" {
-                test_misses = ours.misses;
+            if *set == "test" || *set == "fresh" {
+                held_out_misses.push((format!("{} {set}", b.name), ours.misses));
             } else {
                 other_misses.push((format!("{} {set}", b.name), ours.misses));
             }
@@ -516,7 +517,9 @@ fn main() -> anyhow::Result<()> {
         }
     }
     if !a.dev_only && a.catalog.is_none() {
-        print_misses("public test: first result not relevant", &test_misses);
+        for (title, misses) in &held_out_misses {
+            print_misses(&format!("{title}: first result not relevant"), misses);
+        }
     }
     Ok(())
 }
