@@ -248,7 +248,7 @@ impl Lang {
     }
 
     /// The stem the lexicon is keyed by: that language's Snowball stem of the folded word.
-    fn key(self, folded: &str) -> String {
+    pub(super) fn key(self, folded: &str) -> String {
         self.stemmer().stem(folded).into_owned()
     }
 }
@@ -285,6 +285,13 @@ pub fn words(text: &str, out: &mut Vec<String>) {
             continue;
         }
         let chars: Vec<char> = run.chars().collect();
+        // A capitalised word with capitals inside is a name written as one word ("GitHub",
+        // "JavaScript", "PostgreSQL", "OAuth"), not an identifier: split, "GitHub" would
+        // search the local `git` tools. Identifiers are `lowerCamel` or `ACRONYMWord`.
+        if is_proper_name(&chars) {
+            out.push(run.to_lowercase());
+            continue;
+        }
         let mut start = 0;
         for i in 1..chars.len() {
             let (prev, cur) = (chars[i - 1], chars[i]);
@@ -299,6 +306,15 @@ pub fn words(text: &str, out: &mut Vec<String>) {
         }
         out.push(chars[start..].iter().collect::<String>().to_lowercase());
     }
+}
+
+/// Whether a run of letters and digits is a capitalised word ("GitHub", "OAuth", "MySQL"):
+/// an upper-case letter, then a lower-case one within its first two letters, and no digit.
+fn is_proper_name(chars: &[char]) -> bool {
+    matches!(chars, [first, second, ..] if first.is_uppercase()
+        && (second.is_lowercase() || chars.get(2).is_some_and(|c| c.is_lowercase())))
+        && chars.iter().all(|c| c.is_alphabetic())
+        && !chars.iter().skip(1).all(|c| c.is_lowercase())
 }
 
 /// One letter is the tail of "won't" or "Dana's", not a word; a lone digit may be a number.
@@ -587,7 +603,13 @@ pub fn hints(text: &str) -> Vec<&'static str> {
                     .chars()
                     .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.'))
         });
-        if extension {
+        // Build and project files are named without an extension: `Dockerfile`, `Makefile`,
+        // `Jenkinsfile` (four letters before "file" at least: "Profile" is not one).
+        let named_file = last.len() >= 8
+            && last.to_ascii_lowercase().ends_with("file")
+            && last.chars().all(|c| c.is_ascii_alphabetic())
+            && last.chars().next().is_some_and(|c| c.is_ascii_uppercase());
+        if extension || named_file {
             out.push("file");
         } else if t.contains('/') && !t.contains("//") {
             let parts: Vec<&str> = t.split('/').collect();
@@ -656,6 +678,11 @@ mod tests {
             ["directory", "directory"]
         );
         assert_eq!(hints("star acme/api for @dana-x"), ["repository", "user"]);
+        assert_eq!(
+            hints("show the Dockerfile and the Makefile"),
+            ["file", "file"]
+        );
+        assert!(hints("Profile of Dana, a file").is_empty());
         // Versions, sentences and e-mail-like noise are not files or users.
         assert!(hints("release v1.2 and 1.29 ; a/b//c ; @ ; end.").is_empty());
         let long = "a/".repeat(500);
@@ -676,6 +703,12 @@ mod tests {
         );
         assert_eq!(ws("perPage"), ["per", "page"]);
         assert_eq!(ws("HTTPServer"), ["http", "server"]);
+        // Names written as one word stay one word: "GitHub" is not the local `git`.
+        assert_eq!(ws("on GitHub"), ["on", "github"]);
+        assert_eq!(
+            ws("OAuth PostgreSQL MySQL"),
+            ["oauth", "postgresql", "mysql"]
+        );
         assert_eq!(ws("getV2Api"), ["get", "v2", "api"]);
         assert_eq!(ws("p99 5xx"), ["p99", "5xx"]);
     }
