@@ -54,6 +54,8 @@ struct Args {
     embeddings: Option<PathBuf>,
     variants: Option<String>,
     quick: bool,
+    /// One query to show the terms and the best 15 of (`--explain QUERY`).
+    explain: Option<String>,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -66,6 +68,7 @@ fn args() -> anyhow::Result<Args> {
         embeddings: None,
         variants: None,
         quick: false,
+        explain: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -83,15 +86,17 @@ fn args() -> anyhow::Result<Args> {
                 a.variants = Some(it.next().context("--variants needs a label substring")?)
             }
             "--quick" => a.quick = true,
+            "--explain" => a.explain = Some(it.next().context("--explain needs a query")?),
             "-h" | "--help" => {
                 println!(
                     "search_bench [--dev] [--misses] [--ablation] [--variants TEXT] [--quick] \
                      [--embeddings FILE] [--limit N] [--catalog DIR]\n\
-                     --dev       leave the public test split out (for tuning)\n\
+                     --dev       leave the held-out sets (public test and fresh) out, for tuning\n\
                      --misses    also list the misses of the reference and dev sets\n\
                      --ablation  quality of the ranking variants that were tried\n\
                      --variants  only the variants whose label contains TEXT (implies --ablation)\n\
                      --quick     quality only: no tokens, no speed\n\
+                     --explain QUERY  the query's terms and its best 15 tools, then exit\n\
                      --embeddings  a static embedding table (bench/embeddings/setup.sh)\n\
                      --catalog   one folder of tools.json (MCP tool definitions) and \
                      queries.json ([{{query, relevant: [tool names], lang?}}])"
@@ -454,6 +459,19 @@ fn main() -> anyhow::Result<()> {
         search::embed::install(model).map_err(|e| anyhow::anyhow!(e))?;
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/catalogs");
+    if let Some(query) = &a.explain {
+        let dir = a.catalog.clone().unwrap_or_else(|| root.join("public"));
+        let b = load(&dir, "explain", &[])?;
+        let index = SearchIndex::build(&b.catalog, None);
+        println!(
+            "terms {:?}",
+            search::query_terms(query, &SearchOptions::default())
+        );
+        for (k, hit) in index.search(&b.all, query, 15).iter().enumerate() {
+            println!("{:>3} {:>8.3} {}", k + 1, hit.score, hit.tool.name.as_str());
+        }
+        return Ok(());
+    }
     let benches = match &a.catalog {
         Some(dir) => vec![load(
             dir,

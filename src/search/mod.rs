@@ -12,9 +12,10 @@
 //! **Ranking.** BM25F over the name, title, description and parameters (names, descriptions,
 //! enum values) of each tool, with queries analyzed for English, French, German and Spanish and
 //! mapped onto the tools' English words through a small static lexicon (see `analyze.rs` and `lexicon.txt`). It
-//! needs no model and nothing from the network. Two query-side signals sit on top: a token's
-//! shape implies a term (a URL "url", `logo.png` "file"), and a query that names a tool's group
-//! multiplies that tool's score. Results carry each tool's name, description and input schema
+//! needs no model and nothing from the network. Three signals sit on top: a token's shape
+//! implies a term (a URL "url", `logo.png` "file"), a query that names a tool's group
+//! multiplies that tool's score, and so does a query that asks for the tool's action (read,
+//! create, update, delete: `action.rs`). Results carry each tool's name, description and input schema
 //! without the schema's bookkeeping, so that the model can call it.
 //!
 //! **Optional embeddings.** Given a table (`--search-embeddings`, made by
@@ -35,6 +36,7 @@
 //!
 //! [`PolicySnapshot::visible`]: crate::policy::snapshot::PolicySnapshot::visible
 
+mod action;
 mod analyze;
 pub mod embed;
 pub mod index;
@@ -48,6 +50,12 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 pub use index::{Fusion, Hit, SearchIndex, SearchOptions};
+
+/// The weighted English terms a query searches with under `options`, for the benchmark's
+/// `--explain`.
+pub fn query_terms(query: &str, options: &SearchOptions) -> Vec<(String, f64)> {
+    analyze::query_terms(query, &options.query)
+}
 
 use crate::cost::{self, ListCost};
 use crate::policy::snapshot::{AgentView, Discovery, PolicySnapshot};
