@@ -483,6 +483,7 @@ fn main() -> anyhow::Result<()> {
             if !a.dev_only {
                 public.push(("test", "test.json"));
                 public.push(("fresh", "fresh.json"));
+                public.push(("fresh2", "fresh2.json"));
             }
             vec![
                 load(
@@ -516,7 +517,7 @@ fn main() -> anyhow::Result<()> {
                     row(&format!("  {lang}"), *s, *bs);
                 }
             }
-            if *set == "test" || *set == "fresh" {
+            if ["test", "fresh", "fresh2"].contains(&set.as_str()) {
                 held_out_misses.push((format!("{} {set}", b.name), ours.misses));
             } else {
                 other_misses.push((format!("{} {set}", b.name), ours.misses));
