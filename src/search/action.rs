@@ -144,7 +144,12 @@ pub fn of_tool(tool: &Tool) -> Actions {
     let Some(description) = &tool.description else {
         return Actions::default();
     };
-    analyze::terms(description)
+    // The lead is in the first sentence; a description may run to kilobytes.
+    let lead = description
+        .char_indices()
+        .nth(160)
+        .map_or(description.as_str(), |(i, _)| &description[..i]);
+    analyze::terms(lead)
         .iter()
         .take(DESCRIPTION_LEAD)
         .map(|t| of_stem(t))
