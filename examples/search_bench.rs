@@ -91,7 +91,7 @@ fn args() -> anyhow::Result<Args> {
                 println!(
                     "search_bench [--dev] [--misses] [--ablation] [--variants TEXT] [--quick] \
                      [--embeddings FILE] [--limit N] [--catalog DIR]\n\
-                     --dev       leave the held-out sets (public test and fresh) out, for tuning\n\
+                     --dev       leave the held-out sets (public test, fresh, fresh2) out, for tuning\n\
                      --misses    also list the misses of the reference and dev sets\n\
                      --ablation  quality of the ranking variants that were tried\n\
                      --variants  only the variants whose label contains TEXT (implies --ablation)\n\

@@ -286,7 +286,7 @@ pub fn words(text: &str, out: &mut Vec<String>) {
         }
         let chars: Vec<char> = run.chars().collect();
         // A capitalised word with capitals inside is a name written as one word ("GitHub",
-        // "JavaScript", "PostgreSQL", "OAuth"), not an identifier: split, "GitHub" would
+        // "JavaScript", "PostgreSQL", "OAuth"), not an identifier; split, "GitHub" would
         // search the local `git` tools. Identifiers are `lowerCamel` or `ACRONYMWord`.
         if is_proper_name(&chars) {
             out.push(run.to_lowercase());
@@ -308,8 +308,9 @@ pub fn words(text: &str, out: &mut Vec<String>) {
     }
 }
 
-/// Whether a run of letters and digits is a capitalised word ("GitHub", "OAuth", "MySQL"):
-/// an upper-case letter, then a lower-case one within its first two letters, and no digit.
+/// Whether a run of letters and digits is a name written as one word ("GitHub", "OAuth",
+/// "MySQL"): letters only, an upper-case first, a lower-case one second or third, and another
+/// capital after the first.
 fn is_proper_name(chars: &[char]) -> bool {
     matches!(chars, [first, second, ..] if first.is_uppercase()
         && (second.is_lowercase() || chars.get(2).is_some_and(|c| c.is_lowercase())))

@@ -110,7 +110,7 @@ impl Default for SearchOptions {
             embedding_fusion: Fusion::Sum,
             group_boost: 0.5,
             coverage_power: 0.0,
-            // Best on dev (recall@1 0.530 → 0.551, recall@5 0.854 → 0.864); above 0.3 it
+            // Best on dev (recall@1 0.530 → 0.551, recall@5 0.854 → 0.869); above 0.3 it
             // lost, and the penalty form was no better (see bench/README.md).
             action_boost: 0.2,
             action_penalty: 0.0,
