@@ -24,6 +24,7 @@
 //! Each term carries the highest weight any word gave it. Nothing here depends on the catalog,
 //! so a query's terms are the same for every caller.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
@@ -471,6 +472,11 @@ pub struct QueryAnalysis {
     /// A word the lexicon does not know also matches a source stem it starts with, of at
     /// least this many characters (0 turns this off).
     pub prefix_min: usize,
+    /// Weight of the words inside a link (`https://example.com/blog/post-42`): its address
+    /// (`https`, `com`, `example`) says little of the task, and the link already implies the
+    /// hint "url"; but `github.com/acme/api/pull/7` names the product. 1 searches them as
+    /// typed words.
+    pub link_weight: f64,
 }
 
 /// The weighted search terms of a query, sorted by term, each once.
@@ -480,8 +486,9 @@ pub struct QueryAnalysis {
 /// hora es?" has as many French as Spanish function words), and the languages' function words
 /// are rarely task words in another.
 pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
+    let (prose, links) = split_links(text);
     let mut ws = Vec::new();
-    words(text, &mut ws);
+    words(&prose, &mut ws);
     let langs: &[Lang] = if a.languages { &Lang::ALL } else { &[Lang::En] };
     let mut out: HashMap<String, f64> = HashMap::new();
     let mut put = |t: &str, w: f64| {
@@ -551,6 +558,16 @@ pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
             put(&Lang::En.key(&folded), 1.0);
         }
     }
+    if a.link_weight > 0.0 {
+        let mut ls = Vec::new();
+        words(&links, &mut ls);
+        for w in &ls {
+            let folded = fold(w);
+            if !(is_fragment(&folded) || STOP_WORDS.contains(&folded.as_str())) {
+                put(&Lang::En.key(&folded), a.link_weight);
+            }
+        }
+    }
     if a.hint_weight > 0.0 {
         for hint in hints(text) {
             put(&Lang::En.key(hint), a.hint_weight);
@@ -559,6 +576,32 @@ pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
     let mut terms: Vec<(String, f64)> = out.into_iter().collect();
     terms.sort_by(|a, b| a.0.cmp(&b.0));
     terms
+}
+
+/// Whether a whitespace-separated token is a link: `https://…`, `http://…`, `www.…`, with
+/// any quotes or brackets around it.
+fn is_link(token: &str) -> bool {
+    let t = token.trim_start_matches(|c: char| !c.is_alphanumeric());
+    let head = t.get(..8).unwrap_or(t).to_ascii_lowercase();
+    head.starts_with("http://") || head.starts_with("https://") || head.starts_with("www.")
+}
+
+/// `text` cut in two: its prose, with every link blanked out, and its links.
+pub fn split_links(text: &str) -> (Cow<'_, str>, String) {
+    if !text.split_whitespace().any(is_link) {
+        return (Cow::Borrowed(text), String::new());
+    }
+    let (mut prose, mut links) = (String::with_capacity(text.len()), String::new());
+    for token in text.split_whitespace() {
+        let into = if is_link(token) {
+            &mut links
+        } else {
+            &mut prose
+        };
+        into.push_str(token);
+        into.push(' ');
+    }
+    (Cow::Owned(prose), links)
 }
 
 /// What the shape of each whitespace-separated token says it is, in any language: a URL, a
@@ -744,7 +787,39 @@ mod tests {
             decompound: true,
             hint_weight: 0.0,
             prefix_min: 0,
+            link_weight: 1.0,
         }
+    }
+
+    #[test]
+    fn a_link_is_its_own_part_and_its_words_weigh_less() {
+        let (prose, links) = split_links("read (https://Example.com/blog/post-42) for me");
+        assert_eq!(
+            prose.split_whitespace().collect::<Vec<_>>(),
+            ["read", "for", "me"]
+        );
+        assert_eq!(links.trim(), "(https://Example.com/blog/post-42)");
+        assert!(matches!(split_links("no link here"), (Cow::Borrowed(_), l) if l.is_empty()));
+        let a = QueryAnalysis {
+            link_weight: 0.3,
+            hint_weight: 0.7,
+            ..lexicon_on()
+        };
+        let q = query_terms("open www.github.com/acme/api in the browser", &a);
+        let weight = |t: &str| q.iter().find(|(x, _)| x == t).map(|(_, w)| *w);
+        assert_eq!(weight("browser"), Some(1.0));
+        assert_eq!(weight("github"), Some(0.3));
+        assert_eq!(weight("url"), Some(0.7), "the link still implies the hint");
+        let off = QueryAnalysis {
+            link_weight: 0.0,
+            ..a
+        };
+        assert_eq!(
+            query_terms("open www.github.com/acme/api", &off)
+                .iter()
+                .find(|(x, _)| x == "github"),
+            None
+        );
     }
 
     #[test]
@@ -771,6 +846,7 @@ mod tests {
             decompound: false,
             hint_weight: 0.0,
             prefix_min: 0,
+            link_weight: 1.0,
         };
         assert!(!has(&query_terms("file a ticket", &plain), "issu"));
     }

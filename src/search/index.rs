@@ -73,6 +73,10 @@ pub struct SearchOptions {
     /// A tool whose action the request names none of, when the request names some, has its
     /// score multiplied by 1 - this.
     pub action_penalty: f64,
+    /// Weight of the words inside a link in a tool's text, relative to its field: a link to
+    /// the API's documentation (`https://developers.notion.com/reference/block`) is not what
+    /// the tool does. 1 indexes them as the field's other words.
+    pub tool_link_weight: f64,
 }
 
 /// How the word ranker and the n-gram ranker are combined.
@@ -99,14 +103,18 @@ impl Default for SearchOptions {
                 decompound: true,
                 hint_weight: 0.7,
                 prefix_min: 0,
+                // Dev recall@1 0.551 → 0.556; 0, 0.3 and 0.5 tie there, and 0.3 keeps the
+                // product a link names (`github.com/…`) as a weak term.
+                link_weight: 0.3,
             },
             ngram_weight: 0.0,
             ngram_min: 3,
             ngram_max: 5,
             fusion: Fusion::Sum,
-            // Best on dev among the weights tried, and still no better than none (see
-            // bench/README.md): the table is optional and off unless given.
-            embedding_weight: 0.25,
+            // Best on dev with the default table (WordLlama, 128 dimensions): recall@1 0.556
+            // → 0.566, recall@5 0.869 → 0.879 (bench/README.md, seventh round). The table is
+            // optional and off unless given.
+            embedding_weight: 0.4,
             embedding_fusion: Fusion::Sum,
             group_boost: 0.5,
             coverage_power: 0.0,
@@ -114,6 +122,7 @@ impl Default for SearchOptions {
             // lost, and the penalty form was no better (see bench/README.md).
             action_boost: 0.2,
             action_penalty: 0.0,
+            tool_link_weight: 1.0,
         }
     }
 }
@@ -131,6 +140,7 @@ impl SearchOptions {
                 decompound: false,
                 hint_weight: 0.0,
                 prefix_min: 0,
+                link_weight: 1.0,
             },
             ..Self::default()
         }
@@ -320,6 +330,11 @@ impl SearchOptions {
             action_penalty,
             ..o
         };
+        let link = |link_weight, tool_link_weight| SearchOptions {
+            query: QueryAnalysis { link_weight, ..q },
+            tool_link_weight,
+            ..o
+        };
         let emb = |weight, fusion| SearchOptions {
             embedding_weight: weight,
             embedding_fusion: fusion,
@@ -399,9 +414,19 @@ impl SearchOptions {
             ("action penalty 0.2", act(0.0, 0.2)),
             ("action penalty 0.4", act(0.0, 0.4)),
             ("action boost 0.3 penalty 0.2", act(0.3, 0.2)),
+            ("links in requests weight 0", link(0.0, 1.0)),
+            ("links in requests weight 0.3", link(0.3, 1.0)),
+            ("links in requests weight 0.5", link(0.5, 1.0)),
+            ("links in tools weight 0", link(1.0, 0.0)),
+            ("links in tools weight 0.3", link(1.0, 0.3)),
+            ("links weight 0 in both", link(0.0, 0.0)),
+            ("links weight 0.3 in both", link(0.3, 0.3)),
+            ("links weight 1 in both (before)", link(1.0, 1.0)),
             ("embeddings off", emb(0.0, Fusion::Sum)),
             ("embeddings, sum, weight 0.25", emb(0.25, Fusion::Sum)),
+            ("embeddings, sum, weight 0.4", emb(0.4, Fusion::Sum)),
             ("embeddings, sum, weight 0.5", emb(0.5, Fusion::Sum)),
+            ("embeddings, sum, weight 0.75", emb(0.75, Fusion::Sum)),
             ("embeddings, sum, weight 1", emb(1.0, Fusion::Sum)),
             ("embeddings, sum, weight 2", emb(2.0, Fusion::Sum)),
             ("embeddings, sum, weight 4", emb(4.0, Fusion::Sum)),
@@ -470,9 +495,15 @@ fn analyze_tool(tool: &Tool, o: &SearchOptions, model: Option<&StaticModel>) -> 
     let mut len = 0.0;
     let mut gram_len = 0.0;
     let mut add = |text: &str, weight: f64| {
-        for t in analyze::terms(text) {
-            *tf.entry(t).or_default() += weight;
-            len += weight;
+        let (prose, links) = analyze::split_links(text);
+        for (part, w) in [(&*prose, weight), (&links, weight * o.tool_link_weight)] {
+            if w <= 0.0 {
+                continue;
+            }
+            for t in analyze::terms(part) {
+                *tf.entry(t).or_default() += w;
+                len += w;
+            }
         }
         if o.ngram_weight > 0.0 {
             for g in analyze::doc_grams(text, o.ngram_min, o.ngram_max) {
