@@ -815,20 +815,25 @@ impl SearchIndex {
     pub fn search(&self, visible: &[Arc<Tool>], query: &str, limit: usize) -> Vec<Hit> {
         // Document -> position in `visible`, for the visible documents only.
         let mut slot: Vec<u32> = vec![u32::MAX; self.docs.len()];
-        let mut n = 0usize;
-        let mut total_len = 0.0;
+        // The visible documents and their positions, in document order: the per-tool passes
+        // below walk these, not the whole index, so they cost what the caller sees.
+        let mut seen: Vec<(usize, u32)> = Vec::with_capacity(visible.len());
         for (i, t) in visible.iter().enumerate() {
             if let Some(d) = self.doc_of(t.name.as_str()) {
+                if slot[d] == u32::MAX {
+                    seen.push((d, i as u32));
+                }
                 slot[d] = i as u32;
-                n += 1;
             }
         }
+        seen.sort_unstable_by_key(|&(d, _)| d);
+        // A name listed twice counts once, at its last position, as `slot` has it.
+        for e in &mut seen {
+            e.1 = slot[e.0];
+        }
+        let n = seen.len();
         // Summed in document order, so that the result does not depend on `visible`'s order.
-        for (d, doc) in self.docs.iter().enumerate() {
-            if slot[d] != u32::MAX {
-                total_len += f64::from(doc.len);
-            }
-        }
+        let total_len: f64 = seen.iter().map(|&(d, _)| f64::from(self.docs[d].len)).sum();
         if n == 0 || limit == 0 {
             return Vec::new();
         }
@@ -854,12 +859,10 @@ impl SearchIndex {
             }
         }
         if o.ngram_weight > 0.0 {
-            let mut gram_total = 0.0;
-            for (d, doc) in self.docs.iter().enumerate() {
-                if slot[d] != u32::MAX {
-                    gram_total += f64::from(doc.gram_len);
-                }
-            }
+            let gram_total: f64 = seen
+                .iter()
+                .map(|&(d, _)| f64::from(self.docs[d].gram_len))
+                .sum();
             let gram_avg = (gram_total / n as f64).max(f64::MIN_POSITIVE);
             let grams: Vec<(String, f64)> = analyze::query_grams(query, o.ngram_min, o.ngram_max)
                 .into_iter()
@@ -887,13 +890,10 @@ impl SearchIndex {
             // visible tools only, as the word statistics do.
             let mut cos = vec![0.0f64; visible.len()];
             let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
-            for (d, doc) in self.docs.iter().enumerate() {
-                let (i, Some(v)) = (slot[d], &doc.vector) else {
+            for &(d, i) in &seen {
+                let Some(v) = &self.docs[d].vector else {
                     continue;
                 };
-                if i == u32::MAX {
-                    continue;
-                }
                 let c = embed::dot(&q, v) as f64;
                 cos[i as usize] = c;
                 lo = lo.min(c);
@@ -925,9 +925,9 @@ impl SearchIndex {
             Actions::default()
         };
         if !asked.is_empty() {
-            for (d, doc) in self.docs.iter().enumerate() {
-                let i = slot[d];
-                if i == u32::MAX || doc.actions.is_empty() {
+            for &(d, i) in &seen {
+                let doc = &self.docs[d];
+                if doc.actions.is_empty() {
                     continue;
                 }
                 if doc.actions.intersects(asked) {
