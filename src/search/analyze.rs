@@ -489,6 +489,13 @@ pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
     let (prose, links) = split_links(text);
     let mut ws = Vec::new();
     words(&prose, &mut ws);
+    // A link's words go the same way as the others (its `pull` or `issues` is looked up in
+    // the lexicon too), at the link weight; `factor[i]` is word i's.
+    let typed = ws.len();
+    if a.link_weight > 0.0 {
+        words(&links, &mut ws);
+    }
+    let factor = |i: usize| if i < typed { 1.0 } else { a.link_weight };
     let langs: &[Lang] = if a.languages { &Lang::ALL } else { &[Lang::En] };
     let mut out: HashMap<String, f64> = HashMap::new();
     let mut put = |t: &str, w: f64| {
@@ -516,7 +523,8 @@ pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
         counts[0] > counts[1..].iter().copied().max().unwrap_or(0)
     };
     let lexicon_langs: &[Lang] = if english_led { &[Lang::En] } else { langs };
-    for w in &ws {
+    for (i, w) in ws.iter().enumerate() {
+        let f = factor(i);
         let folded = fold(w);
         if is_fragment(&folded) {
             continue;
@@ -534,7 +542,7 @@ pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
                 if let Some(targets) = lexicon.get(l, &folded) {
                     found = true;
                     for t in targets {
-                        put(t, a.lexicon_weight);
+                        put(t, a.lexicon_weight * f);
                     }
                 }
             }
@@ -543,29 +551,19 @@ pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
                     if let Some(targets) = lexicon.get_prefix(l, &folded, a.prefix_min) {
                         found = true;
                         for t in targets {
-                            put(t, a.lexicon_weight);
+                            put(t, a.lexicon_weight * f);
                         }
                     }
                 }
             }
             if !found && a.decompound && a.languages && !stop {
                 for t in decompound(lexicon, &folded) {
-                    put(&t, a.lexicon_weight);
+                    put(&t, a.lexicon_weight * f);
                 }
             }
         }
         if !stop {
-            put(&Lang::En.key(&folded), 1.0);
-        }
-    }
-    if a.link_weight > 0.0 {
-        let mut ls = Vec::new();
-        words(&links, &mut ls);
-        for w in &ls {
-            let folded = fold(w);
-            if !(is_fragment(&folded) || STOP_WORDS.contains(&folded.as_str())) {
-                put(&Lang::En.key(&folded), a.link_weight);
-            }
+            put(&Lang::En.key(&folded), f);
         }
     }
     if a.hint_weight > 0.0 {

@@ -103,9 +103,9 @@ impl Default for SearchOptions {
                 decompound: true,
                 hint_weight: 0.7,
                 prefix_min: 0,
-                // Dev recall@1 0.551 → 0.556; 0, 0.3 and 0.5 tie there, and 0.3 keeps the
-                // product a link names (`github.com/…`) as a weak term.
-                link_weight: 0.3,
+                // As typed. Lower weights gained one request on dev and lost on the held-out
+                // sets (bench/README.md, seventh round): a link's `pull` or `issues` helps.
+                link_weight: 1.0,
             },
             ngram_weight: 0.0,
             ngram_min: 3,
@@ -421,7 +421,7 @@ impl SearchOptions {
             ("links in tools weight 0.3", link(1.0, 0.3)),
             ("links weight 0 in both", link(0.0, 0.0)),
             ("links weight 0.3 in both", link(0.3, 0.3)),
-            ("links weight 1 in both (before)", link(1.0, 1.0)),
+            ("links weight 1 in both (default)", link(1.0, 1.0)),
             ("embeddings off", emb(0.0, Fusion::Sum)),
             ("embeddings, sum, weight 0.25", emb(0.25, Fusion::Sum)),
             ("embeddings, sum, weight 0.4", emb(0.4, Fusion::Sum)),
