@@ -1,10 +1,11 @@
-//! An optional static embedding model: a table of SentencePiece pieces and one vector each,
-//! distilled from a multilingual sentence transformer (model2vec's recipe; see
-//! `bench/embeddings/`). A text's vector is the weighted mean of its pieces' vectors, so
-//! embedding a query is a few table look-ups: no transformer runs in the gateway.
+//! An optional static embedding model: a table of word pieces and one vector each, either
+//! WordLlama's own static table (the default of `bench/embeddings/setup.sh`) or one distilled
+//! from multilingual-e5-small (model2vec's recipe). A text's vector is the weighted mean of
+//! its pieces' vectors, so embedding a query is a few table look-ups: no transformer runs in
+//! the gateway.
 //!
-//! Why: the catalog is English and requests are not; a multilingual model places "supprimer",
-//! "löschen" and "delete" near each other without a lexicon entry for every word.
+//! Why: requests describe a task in other words than the tool's; a model trained on sentence
+//! similarity places "approve" near "review" without a lexicon entry for every pair.
 //!
 //! The table is not shipped and not fetched: a setup step makes it from a PyPI package, and
 //! the gateway reads it only when given the file (`--search-embeddings`). Without it, search is
