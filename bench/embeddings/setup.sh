@@ -17,8 +17,10 @@ pip() { "$venv/bin/pip" install --quiet --disable-pip-version-check "$@"; }
 case "$model" in
 wordllama)
     out=${1:-$here/wordllama.bin}
-    pip --no-deps 'wordllama==0.4.0.post1'
     pip 'numpy>=1.24,<3' 'safetensors>=0.4,<1'
+    # Only its table and tokenizer file are read; its own imports (torch, tokenizers, ...)
+    # are not needed.
+    pip --no-deps 'wordllama==0.4.0.post1'
     DIM=${DIM:-128} "$venv/bin/python" "$here/wordllama_table.py" "$out"
     ;;
 e5)
