@@ -91,7 +91,7 @@ fn args() -> anyhow::Result<Args> {
                 println!(
                     "search_bench [--dev] [--misses] [--ablation] [--variants TEXT] [--quick] \
                      [--embeddings FILE] [--limit N] [--catalog DIR]\n\
-                     --dev       leave the held-out sets (public test, fresh, fresh2, fresh3) out, for tuning\n\
+                     --dev       leave the held-out sets (public test, fresh, fresh2, fresh3, fresh4) out, for tuning\n\
                      --misses    also list the misses of the reference and dev sets\n\
                      --ablation  quality of the ranking variants that were tried\n\
                      --variants  only the variants whose label contains TEXT (implies --ablation)\n\
@@ -485,6 +485,7 @@ fn main() -> anyhow::Result<()> {
                 public.push(("fresh", "fresh.json"));
                 public.push(("fresh2", "fresh2.json"));
                 public.push(("fresh3", "fresh3.json"));
+                public.push(("fresh4", "fresh4.json"));
             }
             vec![
                 load(
@@ -518,7 +519,7 @@ fn main() -> anyhow::Result<()> {
                     row(&format!("  {lang}"), *s, *bs);
                 }
             }
-            if ["test", "fresh", "fresh2", "fresh3"].contains(&set.as_str()) {
+            if ["test", "fresh", "fresh2", "fresh3", "fresh4"].contains(&set.as_str()) {
                 held_out_misses.push((format!("{} {set}", b.name), ours.misses));
             } else {
                 other_misses.push((format!("{} {set}", b.name), ours.misses));
