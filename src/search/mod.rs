@@ -21,8 +21,8 @@
 //! **Optional embeddings.** Given a table (`--search-embeddings`, made by
 //! `bench/embeddings/setup.sh`), [`embed`] adds a static embedding's cosine to the word score.
 //! Each tool's vector is its own and the scaling uses the visible tools only, so visibility
-//! stays exact. With the default table (WordLlama, from its PyPI wheel) it gains one to three
-//! points of recall on every held-out set; the distilled multilingual-e5 table did not help
+//! stays exact. With the default table (WordLlama, from its PyPI wheel) it gains about one
+//! point of recall@5 over the held-out sets; the distilled multilingual-e5 table did not help
 //! (see `bench/README.md`). It is off unless a table is given: the default build needs none.
 //!
 //! **Why our own BM25 rather than a crate.** The maintained crates (`bm25`, `tantivy`) score
