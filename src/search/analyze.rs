@@ -579,7 +579,11 @@ pub fn query_terms(text: &str, a: &QueryAnalysis) -> Vec<(String, f64)> {
 /// Whether a whitespace-separated token is a link: `https://…`, `http://…`, `www.…`, with
 /// any quotes or brackets around it.
 fn is_link(token: &str) -> bool {
-    let t = token.trim_start_matches(|c: char| !c.is_alphanumeric());
+    starts_link(token.trim_start_matches(|c: char| !c.is_alphanumeric()))
+}
+
+/// Whether `t` begins as a link does, in any case.
+fn starts_link(t: &str) -> bool {
     let head = t.get(..8).unwrap_or(t).to_ascii_lowercase();
     head.starts_with("http://") || head.starts_with("https://") || head.starts_with("www.")
 }
@@ -618,11 +622,7 @@ pub fn hints(text: &str) -> Vec<&'static str> {
         if t.len() < 2 || t.len() > 200 {
             continue;
         }
-        let lower = t.to_ascii_lowercase();
-        if lower.starts_with("http://")
-            || lower.starts_with("https://")
-            || lower.starts_with("www.")
-        {
+        if starts_link(t) {
             out.push("url");
             continue;
         }
