@@ -54,7 +54,7 @@ struct Args {
     embeddings: Option<PathBuf>,
     variants: Option<String>,
     quick: bool,
-    /// One query to show the terms and the best 15 of (`--explain QUERY`).
+    /// One query to show the terms and the best 15 (or `--limit`, if more) of (`--explain QUERY`).
     explain: Option<String>,
 }
 
@@ -91,12 +91,12 @@ fn args() -> anyhow::Result<Args> {
                 println!(
                     "search_bench [--dev] [--misses] [--ablation] [--variants TEXT] [--quick] \
                      [--embeddings FILE] [--limit N] [--catalog DIR]\n\
-                     --dev       leave the held-out sets (public test, fresh, fresh2, fresh3, fresh4) out, for tuning\n\
+                     --dev       leave the held-out sets (public test, fresh, fresh2 … fresh5) out, for tuning\n\
                      --misses    also list the misses of the reference and dev sets\n\
                      --ablation  quality of the ranking variants that were tried\n\
                      --variants  only the variants whose label contains TEXT (implies --ablation)\n\
                      --quick     quality only: no tokens, no speed\n\
-                     --explain QUERY  the query's terms and its best 15 tools, then exit\n\
+                     --explain QUERY  the query's terms and its best 15 tools (more with --limit), then exit\n\
                      --embeddings  a static embedding table (bench/embeddings/setup.sh)\n\
                      --catalog   one folder of tools.json (MCP tool definitions) and \
                      queries.json ([{{query, relevant: [tool names], lang?}}])"
@@ -467,7 +467,11 @@ fn main() -> anyhow::Result<()> {
             "terms {:?}",
             search::query_terms(query, &SearchOptions::default())
         );
-        for (k, hit) in index.search(&b.all, query, 15).iter().enumerate() {
+        for (k, hit) in index
+            .search(&b.all, query, a.limit.max(15))
+            .iter()
+            .enumerate()
+        {
             println!("{:>3} {:>8.3} {}", k + 1, hit.score, hit.tool.name.as_str());
         }
         return Ok(());
@@ -486,6 +490,7 @@ fn main() -> anyhow::Result<()> {
                 public.push(("fresh2", "fresh2.json"));
                 public.push(("fresh3", "fresh3.json"));
                 public.push(("fresh4", "fresh4.json"));
+                public.push(("fresh5", "fresh5.json"));
             }
             vec![
                 load(
@@ -519,7 +524,7 @@ fn main() -> anyhow::Result<()> {
                     row(&format!("  {lang}"), *s, *bs);
                 }
             }
-            if ["test", "fresh", "fresh2", "fresh3", "fresh4"].contains(&set.as_str()) {
+            if ["test", "fresh", "fresh2", "fresh3", "fresh4", "fresh5"].contains(&set.as_str()) {
                 held_out_misses.push((format!("{} {set}", b.name), ours.misses));
             } else {
                 other_misses.push((format!("{} {set}", b.name), ours.misses));
