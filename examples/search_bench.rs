@@ -54,6 +54,8 @@ struct Args {
     embeddings: Option<PathBuf>,
     variants: Option<String>,
     quick: bool,
+    /// Only the speed of a search through a shared pool (`--share`).
+    share: bool,
     /// One query to show the terms and the best 15 (or `--limit`, if more) of (`--explain QUERY`).
     explain: Option<String>,
 }
@@ -68,6 +70,7 @@ fn args() -> anyhow::Result<Args> {
         embeddings: None,
         variants: None,
         quick: false,
+        share: false,
         explain: None,
     };
     let mut it = std::env::args().skip(1);
@@ -86,6 +89,7 @@ fn args() -> anyhow::Result<Args> {
                 a.variants = Some(it.next().context("--variants needs a label substring")?)
             }
             "--quick" => a.quick = true,
+            "--share" => a.share = true,
             "--explain" => a.explain = Some(it.next().context("--explain needs a query")?),
             "-h" | "--help" => {
                 println!(
@@ -96,6 +100,7 @@ fn args() -> anyhow::Result<Args> {
                      --ablation  quality of the ranking variants that were tried\n\
                      --variants  only the variants whose label contains TEXT (implies --ablation)\n\
                      --quick     quality only: no tokens, no speed\n\
+                     --share     only the speed of a search through a pool shared with others\n\
                      --explain QUERY  the query's terms and its best 15 tools (more with --limit), then exit\n\
                      --embeddings  a static embedding table (bench/embeddings/setup.sh)\n\
                      --catalog   one folder of tools.json (MCP tool definitions) and \
@@ -407,6 +412,49 @@ fn scaled_catalog(defs: &Value, n: usize) -> anyhow::Result<Catalog> {
     search::catalog_from_definitions(&Value::Array(out)).map_err(|e| anyhow::anyhow!(e))
 }
 
+/// p50 of one search by an agent that sees the first `seen` tools of a `pool`-tool catalog,
+/// through the pool's index (as the gateway does), against the same search through an index of
+/// those `seen` tools alone: the reference doing the same work with nothing else in the pool.
+fn share(defs: &Value, queries: &[&Query], pool: usize, seen: usize) -> anyhow::Result<()> {
+    let everyone = scaled_catalog(defs, pool)?;
+    let mine: BTreeSet<String> = scaled_catalog(defs, seen)?
+        .tools()
+        .map(|t| t.name.as_str().to_owned())
+        .collect();
+    // The pool's own tools, as a snapshot hands them out, for both indexes.
+    let visible: Vec<Arc<Tool>> = everyone
+        .tools()
+        .filter(|t| mine.contains(t.name.as_str()))
+        .cloned()
+        .collect();
+    let shared = SearchIndex::build(&everyone, None);
+    let alone = SearchIndex::build(&Catalog::new(visible.clone(), Vec::new()), None);
+    let rounds = (20_000 / seen).clamp(3, 50);
+    // Interleaved, so that both see the same machine noise.
+    let (mut through_pool, mut through_own) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        for q in queries {
+            for (index, times) in [(&shared, &mut through_pool), (&alone, &mut through_own)] {
+                let started = Instant::now();
+                std::hint::black_box(index.search(&visible, &q.query, search::DEFAULT_LIMIT));
+                times.push(started.elapsed());
+            }
+        }
+    }
+    through_pool.sort_unstable();
+    through_own.sort_unstable();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let (p, o) = (
+        us(percentile(&through_pool, 0.5)),
+        us(percentile(&through_own, 0.5)),
+    );
+    println!(
+        "  sees {seen:>6} of {pool:>6}   p50 {p:>8.1} µs   | an index of its {seen} alone p50 {o:>8.1} µs  (ratio {:.2})",
+        p / o
+    );
+    Ok(())
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -503,6 +551,9 @@ fn main() -> anyhow::Result<()> {
         }
     };
 
+    if a.share {
+        return share_speed(&benches);
+    }
     println!("toolgate tool search benchmark (limit {})", a.limit);
     println!("ranking      {}", SearchOptions::default().summary());
     println!();
@@ -582,7 +633,22 @@ fn tokens_and_speed(a: &Args, benches: &[Bench]) -> anyhow::Result<()> {
             speed(&b.defs, &queries, n)?;
         }
     }
+    share_speed(benches)
+}
 
+/// The speed of one agent's search through a pool shared with others, against the same search
+/// through an index of its tools alone.
+fn share_speed(benches: &[Bench]) -> anyhow::Result<()> {
+    println!();
+    println!(
+        "speed when an agent sees part of a pool: its search through the pool's index, against the same search through an index of its tools alone"
+    );
+    if let Some(b) = benches.last() {
+        let queries: Vec<&Query> = b.sets.iter().flat_map(|(_, q)| q).collect();
+        for seen in [b.all.len(), 1_000] {
+            share(&b.defs, &queries, 10_000, seen)?;
+        }
+    }
     Ok(())
 }
 

@@ -9,11 +9,14 @@
 //! a search ranks exactly as an index built over that caller's tools alone would (a property test
 //! checks this bit for bit). The ranking of one agent's tools therefore never depends on tools
 //! it may not see, which would otherwise leak, through the order of results, which words occur
-//! in other agents' tools. The cost is one pass over the postings of the query's terms and one
-//! over the visible tools: microseconds for thousands of tools.
+//! in other agents' tools. The cost follows the caller's share, not the pool: each query term's
+//! postings are merged with the visible documents, held as runs of consecutive documents (a
+//! grant is a name prefix, so a caller's tools are a few runs), and the per-tool passes walk
+//! the visible documents only.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
@@ -637,8 +640,15 @@ pub struct SearchIndex {
     options: SearchOptions,
     /// The embedding table the tool vectors were made with, if any.
     model: Option<Arc<StaticModel>>,
-    /// In catalog (name) order: found by binary search.
+    /// In catalog (name) order.
     docs: Vec<Doc>,
+    /// (hash of the name, document), by hash. Each search looks up every visible tool's
+    /// document: a binary search through the documents' names chased a pointer into a
+    /// pool-sized heap at each step, and was most of a search's time when the caller sees a
+    /// small part of a large pool; a hash and a search through this compact array are not.
+    names: Box<[(u64, u32)]>,
+    /// Keyed per index, so that names cannot be chosen to collide.
+    hasher: RandomState,
     vocabulary: HashMap<Term, u32>,
     /// Per term: (document, weighted term frequency), by document.
     postings: Vec<Postings>,
@@ -676,9 +686,28 @@ impl SearchIndex {
 
     /// The document of the tool named `name`.
     fn doc_of(&self, name: &str) -> Option<usize> {
-        self.docs
-            .binary_search_by(|d| d.tool.name.as_str().cmp(name))
-            .ok()
+        self.candidates(name)
+            .find(|&d| self.docs[d].tool.name.as_str() == name)
+    }
+
+    /// The document of `tool`: the same allocation as the one indexed (a snapshot's visible
+    /// tools are its catalog's) is recognised without reading the name again.
+    fn doc_of_tool(&self, tool: &Arc<Tool>) -> Option<usize> {
+        let name = tool.name.as_str();
+        self.candidates(name).find(|&d| {
+            let indexed = &self.docs[d].tool;
+            Arc::ptr_eq(indexed, tool) || indexed.name.as_str() == name
+        })
+    }
+
+    /// The documents whose name hashes as `name` does: one, unless two names collide.
+    fn candidates(&self, name: &str) -> impl Iterator<Item = usize> + '_ {
+        let hash = self.hasher.hash_one(name);
+        let from = self.names.partition_point(|e| e.0 < hash);
+        self.names[from..]
+            .iter()
+            .take_while(move |e| e.0 == hash)
+            .map(|e| e.1 as usize)
     }
 
     /// Indexes `catalog`, reusing the analysis of every unchanged tool of `previous`; `model`
@@ -747,10 +776,19 @@ impl SearchIndex {
         let (vocabulary, postings) = words.finish();
         let (gram_vocabulary, gram_postings) = grams.finish();
         docs.shrink_to_fit();
+        let hasher = RandomState::new();
+        let mut names: Vec<(u64, u32)> = docs
+            .iter()
+            .enumerate()
+            .map(|(d, doc)| (hasher.hash_one(doc.tool.name.as_str()), d as u32))
+            .collect();
+        names.sort_unstable();
         Self {
             options,
             model,
             docs,
+            names: names.into_boxed_slice(),
+            hasher,
             vocabulary,
             postings,
             gram_vocabulary,
@@ -768,37 +806,32 @@ impl SearchIndex {
     }
 
     /// Adds the BM25 score of `terms` to `scores` (by position in `visible`), with statistics
-    /// from the visible documents only (`slot`: document -> position, `n` of them).
+    /// from the visible documents (`seen`) only.
     fn bm25(
         &self,
         (vocabulary, postings): (&HashMap<Term, u32>, &[Postings]),
         terms: &[(String, f64)],
-        (slot, n, avg_len): (&[u32], usize, f64),
+        (seen, avg_len): (&Seen, f64),
         len_of: impl Fn(&Doc) -> f32,
         (scores, matched, mut covered): (&mut [f64], &mut [bool], Option<&mut [f64]>),
     ) {
         let SearchOptions { k1, b, .. } = self.options;
+        let n = seen.docs.len();
+        let mut hits: Vec<(usize, u32, f32)> = Vec::new();
         for (term, weight) in terms {
             let Some(&id) = vocabulary.get(term.as_str()) else {
                 continue;
             };
-            let postings = &postings[id as usize];
-            let df = postings
-                .iter()
-                .filter(|(d, _)| slot[*d as usize] != u32::MAX)
-                .count();
+            visible_postings(&postings[id as usize], seen, &mut hits);
+            let df = hits.len();
             if df == 0 {
                 continue;
             }
             // Lucene's non-negative IDF.
             let idf = (1.0 + (n as f64 - df as f64 + 0.5) / (df as f64 + 0.5)).ln();
-            for &(d, tf) in postings.iter() {
-                let i = slot[d as usize];
-                if i == u32::MAX {
-                    continue;
-                }
+            for &(d, i, tf) in &hits {
                 let tf = f64::from(tf);
-                let len = f64::from(len_of(&self.docs[d as usize]));
+                let len = f64::from(len_of(&self.docs[d]));
                 let norm = k1 * (1.0 - b + b * len / avg_len);
                 scores[i as usize] += weight * idf * tf * (k1 + 1.0) / (tf + norm);
                 matched[i as usize] = true;
@@ -813,27 +846,27 @@ impl SearchIndex {
     /// ties in name order. Tools that match no query term are not returned. Every hit is one of
     /// `visible`, by construction: the index only scores documents `visible` names.
     pub fn search(&self, visible: &[Arc<Tool>], query: &str, limit: usize) -> Vec<Hit> {
-        // Document -> position in `visible`, for the visible documents only.
-        let mut slot: Vec<u32> = vec![u32::MAX; self.docs.len()];
-        // The visible documents and their positions, in document order: the per-tool passes
-        // below walk these, not the whole index, so they cost what the caller sees.
-        let mut seen: Vec<(usize, u32)> = Vec::with_capacity(visible.len());
-        for (i, t) in visible.iter().enumerate() {
-            if let Some(d) = self.doc_of(t.name.as_str()) {
-                if slot[d] == u32::MAX {
-                    seen.push((d, i as u32));
-                }
-                slot[d] = i as u32;
-            }
-        }
-        seen.sort_unstable_by_key(|&(d, _)| d);
-        // A name listed twice counts once, at its last position, as `slot` has it.
-        for e in &mut seen {
-            e.1 = slot[e.0];
-        }
-        let n = seen.len();
+        // The visible documents and their positions in `visible`, in document order. Every
+        // pass below walks these (and the postings only where they meet them), never the
+        // whole index, so a search costs what the caller sees, not what the pool holds.
+        let mut seen: Vec<(usize, u32)> = visible
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| Some((self.doc_of_tool(t)?, i as u32)))
+            .collect();
+        seen.sort_unstable();
+        // A name listed twice counts once, at its last position.
+        seen.reverse();
+        seen.dedup_by_key(|e| e.0);
+        seen.reverse();
+        let seen = Seen::new(seen);
+        let n = seen.docs.len();
         // Summed in document order, so that the result does not depend on `visible`'s order.
-        let total_len: f64 = seen.iter().map(|&(d, _)| f64::from(self.docs[d].len)).sum();
+        let total_len: f64 = seen
+            .docs
+            .iter()
+            .map(|&(d, _)| f64::from(self.docs[d].len))
+            .sum();
         if n == 0 || limit == 0 {
             return Vec::new();
         }
@@ -846,7 +879,7 @@ impl SearchIndex {
         self.bm25(
             (&self.vocabulary, &self.postings),
             &query_terms,
-            (&slot, n, avg_len),
+            (&seen, avg_len),
             |a| a.len,
             (&mut scores, &mut matched, covered.as_deref_mut()),
         );
@@ -860,6 +893,7 @@ impl SearchIndex {
         }
         if o.ngram_weight > 0.0 {
             let gram_total: f64 = seen
+                .docs
                 .iter()
                 .map(|&(d, _)| f64::from(self.docs[d].gram_len))
                 .sum();
@@ -872,7 +906,7 @@ impl SearchIndex {
             self.bm25(
                 (&self.gram_vocabulary, &self.gram_postings),
                 &grams,
-                (&slot, n, gram_avg),
+                (&seen, gram_avg),
                 |a| a.gram_len,
                 (&mut gram_scores, &mut matched, None),
             );
@@ -890,7 +924,7 @@ impl SearchIndex {
             // visible tools only, as the word statistics do.
             let mut cos = vec![0.0f64; visible.len()];
             let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
-            for &(d, i) in &seen {
+            for &(d, i) in &seen.docs {
                 let Some(v) = &self.docs[d].vector else {
                     continue;
                 };
@@ -925,7 +959,7 @@ impl SearchIndex {
             Actions::default()
         };
         if !asked.is_empty() {
-            for &(d, i) in &seen {
+            for &(d, i) in &seen.docs {
                 let doc = &self.docs[d];
                 if doc.actions.is_empty() {
                     continue;
@@ -992,6 +1026,88 @@ impl SearchIndex {
     }
 }
 
+/// A run of consecutive visible documents, `first..end`, the first of them at `docs[at]`.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    first: usize,
+    end: usize,
+    at: usize,
+}
+
+/// A caller's visible documents: (document, position in `visible`) in document order, and the
+/// same as runs of consecutive documents. Documents are in name order and grants are name
+/// prefixes, so a caller's tools are usually a few long runs however large the pool.
+struct Seen {
+    docs: Vec<(usize, u32)>,
+    runs: Vec<Run>,
+}
+
+impl Seen {
+    /// `docs` must be sorted by document, each document once.
+    fn new(docs: Vec<(usize, u32)>) -> Self {
+        let mut runs: Vec<Run> = Vec::new();
+        for (at, &(d, _)) in docs.iter().enumerate() {
+            match runs.last_mut() {
+                Some(run) if run.end == d => run.end = d + 1,
+                _ => runs.push(Run {
+                    first: d,
+                    end: d + 1,
+                    at,
+                }),
+            }
+        }
+        Seen { docs, runs }
+    }
+
+    fn position(&self, run: Run, d: usize) -> u32 {
+        self.docs[run.at + d - run.first].1
+    }
+}
+
+/// The entries of one term's `postings` whose document is visible, as (document, position in
+/// `visible`, term frequency), into `out`. Both sides are sorted by document: when the postings
+/// are the shorter they are walked and the runs galloped through, otherwise each run is
+/// galloped to and its postings taken. A term costs about the shorter side times the logarithm
+/// of the longer, plus its visible postings, however many documents the pool holds beside.
+fn visible_postings(postings: &[(u32, f32)], seen: &Seen, out: &mut Vec<(usize, u32, f32)>) {
+    out.clear();
+    if postings.len() <= seen.runs.len() {
+        let mut rest = &seen.runs[..];
+        for &(d, tf) in postings {
+            let d = d as usize;
+            rest = &rest[gallop(rest, |r| r.end <= d)..];
+            let Some(&run) = rest.first() else {
+                break;
+            };
+            if run.first <= d {
+                out.push((d, seen.position(run, d), tf));
+            }
+        }
+    } else {
+        let mut rest = postings;
+        for &run in &seen.runs {
+            rest = &rest[gallop(rest, |e| (e.0 as usize) < run.first)..];
+            let inside = rest.partition_point(|e| (e.0 as usize) < run.end);
+            for &(d, tf) in &rest[..inside] {
+                let d = d as usize;
+                out.push((d, seen.position(run, d), tf));
+            }
+            rest = &rest[inside..];
+        }
+    }
+}
+
+/// The first index of `sorted` at which `below` is false (it must hold on a prefix only):
+/// exponential then binary search, so a hit near the front costs little.
+fn gallop<T>(sorted: &[T], below: impl Fn(&T) -> bool) -> usize {
+    let mut bound = 1;
+    while bound <= sorted.len() && below(&sorted[bound - 1]) {
+        bound *= 2;
+    }
+    let lo = bound / 2;
+    lo + sorted[lo..bound.min(sorted.len())].partition_point(below)
+}
+
 /// Combines the word ranker's `scores` with the n-gram ranker's, in place. Both only depend on
 /// the visible tools, so the fused ranking does too.
 fn fuse(visible: &[Arc<Tool>], scores: &mut [f64], grams: &[f64], weight: f64, fusion: Fusion) {
@@ -1030,6 +1146,40 @@ fn fuse(visible: &[Arc<Tool>], scores: &mut [f64], grams: &[f64], weight: f64, f
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The merge finds exactly the postings a filter through every visible document finds,
+        /// whichever side is shorter (both are drawn from 0..300 at any density, so the visible
+        /// documents come as anything from one run to many).
+        #[test]
+        fn visible_postings_are_the_postings_of_visible_documents(
+            docs in proptest::collection::btree_set(0u32..300, 0..120),
+            visible in proptest::collection::btree_set(0usize..300, 0..300),
+        ) {
+            let postings: Vec<(u32, f32)> = docs.iter().map(|&d| (d, d as f32 + 0.5)).collect();
+            let seen: Vec<(usize, u32)> =
+                visible.iter().enumerate().map(|(i, &d)| (d, i as u32)).collect();
+            let mut out = vec![(0, 0, 0.0)];
+            let seen = Seen::new(seen);
+            visible_postings(&postings, &seen, &mut out);
+            let expected: Vec<(usize, u32, f32)> = seen
+                .docs
+                .iter()
+                .filter(|(d, _)| docs.contains(&(*d as u32)))
+                .map(|&(d, i)| (d, i, d as f32 + 0.5))
+                .collect();
+            prop_assert_eq!(out, expected);
+        }
+
+        #[test]
+        fn gallop_finds_the_end_of_the_prefix(
+            sorted in proptest::collection::vec(0u32..50, 0..70).prop_map(|mut v| { v.sort(); v }),
+            x in 0u32..52,
+        ) {
+            prop_assert_eq!(gallop(&sorted, |&e| e < x), sorted.partition_point(|&e| e < x));
+        }
+    }
 
     /// Names and scores of the best 10 for each query, for comparing two indexes.
     fn results(index: &SearchIndex, catalog: &Catalog, queries: &[&str]) -> Vec<(String, f64)> {
@@ -1039,6 +1189,40 @@ mod tests {
             .flat_map(|q| index.search(&visible, q, 10))
             .map(|h| (h.tool.name.as_str().to_owned(), h.score))
             .collect()
+    }
+
+    #[test]
+    fn visible_tools_are_found_by_name_whatever_their_allocation() {
+        let defs: Value =
+            serde_json::from_str(include_str!("../../bench/catalogs/reference/tools.json"))
+                .unwrap();
+        let catalog = crate::search::catalog_from_definitions(&defs).unwrap();
+        let index = SearchIndex::build(&catalog, None);
+        let same: Vec<Arc<Tool>> = catalog.tools().cloned().collect();
+        // Equal tools in other allocations, as a caller holding an older snapshot's tools has.
+        let copies: Vec<Arc<Tool>> = same.iter().map(|t| Arc::new((**t).clone())).collect();
+        for t in &copies {
+            let d = index.doc_of_tool(t).unwrap();
+            assert_eq!(index.docs[d].tool.name, t.name);
+            assert!(!Arc::ptr_eq(&index.docs[d].tool, t));
+        }
+        let mut stranger = (*same[0]).clone();
+        stranger.name = crate::pool::ToolName::parse("nobody__knows").unwrap();
+        assert_eq!(index.doc_of_tool(&Arc::new(stranger)), None);
+        for q in ["create an issue", "send a message", "lire un fichier"] {
+            let a: Vec<(String, u64)> = index
+                .search(&same, q, 10)
+                .iter()
+                .map(|h| (h.tool.name.as_str().to_owned(), h.score.to_bits()))
+                .collect();
+            let b: Vec<(String, u64)> = index
+                .search(&copies, q, 10)
+                .iter()
+                .map(|h| (h.tool.name.as_str().to_owned(), h.score.to_bits()))
+                .collect();
+            assert!(!a.is_empty());
+            assert_eq!(a, b);
+        }
     }
 
     #[test]
