@@ -1184,19 +1184,28 @@ mod tests {
     /// Names and scores of the best 10 for each query, for comparing two indexes.
     fn results(index: &SearchIndex, catalog: &Catalog, queries: &[&str]) -> Vec<(String, f64)> {
         let visible: Vec<Arc<Tool>> = catalog.tools().cloned().collect();
+        hits(index, &visible, queries)
+    }
+
+    /// Names and scores of the best 10 among `visible` for each query.
+    fn hits(index: &SearchIndex, visible: &[Arc<Tool>], queries: &[&str]) -> Vec<(String, f64)> {
         queries
             .iter()
-            .flat_map(|q| index.search(&visible, q, 10))
+            .flat_map(|q| index.search(visible, q, 10))
             .map(|h| (h.tool.name.as_str().to_owned(), h.score))
             .collect()
     }
 
-    #[test]
-    fn visible_tools_are_found_by_name_whatever_their_allocation() {
+    fn reference() -> Catalog {
         let defs: Value =
             serde_json::from_str(include_str!("../../bench/catalogs/reference/tools.json"))
                 .unwrap();
-        let catalog = crate::search::catalog_from_definitions(&defs).unwrap();
+        crate::search::catalog_from_definitions(&defs).unwrap()
+    }
+
+    #[test]
+    fn visible_tools_are_found_by_name_whatever_their_allocation() {
+        let catalog = reference();
         let index = SearchIndex::build(&catalog, None);
         let same: Vec<Arc<Tool>> = catalog.tools().cloned().collect();
         // Equal tools in other allocations, as a caller holding an older snapshot's tools has.
@@ -1209,28 +1218,15 @@ mod tests {
         let mut stranger = (*same[0]).clone();
         stranger.name = crate::pool::ToolName::parse("nobody__knows").unwrap();
         assert_eq!(index.doc_of_tool(&Arc::new(stranger)), None);
-        for q in ["create an issue", "send a message", "lire un fichier"] {
-            let a: Vec<(String, u64)> = index
-                .search(&same, q, 10)
-                .iter()
-                .map(|h| (h.tool.name.as_str().to_owned(), h.score.to_bits()))
-                .collect();
-            let b: Vec<(String, u64)> = index
-                .search(&copies, q, 10)
-                .iter()
-                .map(|h| (h.tool.name.as_str().to_owned(), h.score.to_bits()))
-                .collect();
-            assert!(!a.is_empty());
-            assert_eq!(a, b);
-        }
+        let queries = ["create an issue", "send a message", "lire un fichier"];
+        let found = hits(&index, &same, &queries);
+        assert!(!found.is_empty());
+        assert_eq!(hits(&index, &copies, &queries), found);
     }
 
     #[test]
     fn a_rebuild_reuses_the_analysis_of_unchanged_tools_and_ranks_as_a_fresh_build() {
-        let defs: Value =
-            serde_json::from_str(include_str!("../../bench/catalogs/reference/tools.json"))
-                .unwrap();
-        let catalog = crate::search::catalog_from_definitions(&defs).unwrap();
+        let catalog = reference();
         let queries = [
             "create an issue",
             "send a message",
