@@ -849,17 +849,13 @@ impl SearchIndex {
         // The visible documents and their positions in `visible`, in document order. Every
         // pass below walks these (and the postings only where they meet them), never the
         // whole index, so a search costs what the caller sees, not what the pool holds.
-        let mut seen: Vec<(usize, u32)> = visible
-            .iter()
-            .enumerate()
-            .filter_map(|(i, t)| Some((self.doc_of_tool(t)?, i as u32)))
-            .collect();
-        seen.sort_unstable();
-        // A name listed twice counts once, at its last position.
-        seen.reverse();
-        seen.dedup_by_key(|e| e.0);
-        seen.reverse();
-        let seen = Seen::new(seen);
+        let seen = Seen::new(
+            visible
+                .iter()
+                .enumerate()
+                .filter_map(|(i, t)| Some((self.doc_of_tool(t)?, i as u32)))
+                .collect(),
+        );
         let n = seen.docs.len();
         // Summed in document order, so that the result does not depend on `visible`'s order.
         let total_len: f64 = seen
@@ -1043,8 +1039,11 @@ struct Seen {
 }
 
 impl Seen {
-    /// `docs` must be sorted by document, each document once.
-    fn new(docs: Vec<(usize, u32)>) -> Self {
+    /// From (document, position in `visible`) in any order; a tool listed twice counts once,
+    /// at its last position.
+    fn new(mut docs: Vec<(usize, u32)>) -> Self {
+        docs.sort_unstable_by_key(|&(d, i)| (d, std::cmp::Reverse(i)));
+        docs.dedup_by_key(|e| e.0);
         let mut runs: Vec<Run> = Vec::new();
         for (at, &(d, _)) in docs.iter().enumerate() {
             match runs.last_mut() {
