@@ -665,6 +665,49 @@ async fn metadata_documents_on_inside_addresses_are_refused_without_the_flag(poo
     }
 }
 
+/// The fence before fetching an outsider's document: addresses that embed or reach an inside
+/// address (IPv4-compatible, Teredo, the 6to4 relay anycast, NAT64) are refused before any
+/// connection is tried, and the page never says what a name resolves to, nor whether it does.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn the_fetch_fence_refuses_special_blocks_and_tells_nothing_of_dns(pool: PgPool) {
+    let app = TestApp::with(pool, &repo_path("tools"), Some(&repo_path("policies")), &[]).await;
+    let mut b = Browser::new(&app);
+    let mut refusals = Vec::new();
+    for client_id in [
+        "https://[::7f00:1]/client.json",
+        "https://[::a00:1]/client.json",
+        "https://[2001::1]/client.json",
+        "https://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/client.json",
+        "https://[64:ff9b::7f00:1]/client.json",
+        "https://[2002:7f00:1::1]/client.json",
+        "https://[::ffff:7f00:1]/client.json",
+        "https://192.88.99.1/client.json",
+        "https://192.0.0.9/client.json",
+        "https://localhost/client.json",
+        "https://no-such-host.invalid/client.json",
+    ] {
+        let r = b.get(&authorize_url(client_id, REDIRECT, &[])).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{client_id}: {}", r.text);
+        assert!(r.headers.get(header::LOCATION).is_none());
+        assert!(
+            r.text.contains("will not connect"),
+            "{client_id} must be refused before connecting: {}",
+            r.text
+        );
+        for address in ["127.0.0.1", "::1", "0:0:0:0:0:0:0:1"] {
+            assert!(
+                !r.text.contains(address),
+                "{client_id}: the page names an address: {}",
+                r.text
+            );
+        }
+        refusals.push(r.text);
+    }
+    // A name resolving inside and a name that does not resolve read the same.
+    let (inside, nowhere) = (&refusals[refusals.len() - 2], &refusals[refusals.len() - 1]);
+    assert_eq!(inside, nowhere);
+}
+
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn oversized_and_stalling_metadata_documents_are_refused(pool: PgPool) {
     let h = setup(pool).await;
