@@ -668,7 +668,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }
         });
     }
-    crate::audit::checkpoint::spawn_publisher(
+    let checkpoints = crate::audit::checkpoint::spawn_publisher(
         state.db.clone(),
         args.audit_checkpoint_key.as_deref(),
         Duration::from_secs(args.audit_checkpoint_secs),
@@ -690,7 +690,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         () = shutdown_signal() => {}
     }
-    drain.run(&state, server, stop_accepting).await
+    drain
+        .run(&state, server, stop_accepting, checkpoints.as_ref())
+        .await
 }
 
 /// How often used assertion ids and idle sign-in throttles are deleted.
@@ -712,7 +714,8 @@ pub async fn prune_shared_state(db: &PgPool) -> sqlx::Result<(u64, u64)> {
 /// 2. for the grace period, new requests are still served, while load balancers notice;
 /// 3. the listener closes; requests in flight run to their end (their audit rows are durable
 ///    before they answer);
-/// 4. the audit log is flushed (events recorded without waiting, such as refused sign-ins);
+/// 4. the audit log is flushed (events recorded without waiting, such as refused sign-ins),
+///    and, with a checkpoint key, a checkpoint is signed over the last rows;
 /// 5. the process exits. Whatever is still running at the drain deadline is abandoned, with
 ///    an error logged; scripts die with the process.
 struct Drain {
@@ -740,6 +743,7 @@ impl Drain {
         state: &AppState,
         mut server: std::pin::Pin<&mut F>,
         stop_accepting: tokio_util::sync::CancellationToken,
+        checkpoints: Option<&crate::audit::checkpoint::Publisher>,
     ) -> anyhow::Result<()>
     where
         F: std::future::Future<Output = std::io::Result<()>>,
@@ -794,6 +798,27 @@ impl Drain {
             Err(_) => {
                 clean = false;
                 tracing::error!("drain deadline reached: the audit log was not flushed in time");
+            }
+        }
+        // The rows since the last periodic checkpoint would otherwise stay unsigned for good.
+        if let Some(p) = checkpoints {
+            match tokio::time::timeout_at(deadline, p.sign_now()).await {
+                Ok(Ok(c)) => {
+                    tracing::info!(
+                        checkpoint = c.and_then(|c| c.id),
+                        "draining: the last audit rows are signed"
+                    );
+                }
+                Ok(Err(e)) => {
+                    clean = false;
+                    tracing::error!(error = %e, "the last audit checkpoint could not be signed");
+                }
+                Err(_) => {
+                    clean = false;
+                    tracing::error!(
+                        "drain deadline reached: the last audit checkpoint was not signed"
+                    );
+                }
             }
         }
         if !clean {

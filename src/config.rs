@@ -164,8 +164,9 @@ pub struct ServeArgs {
     /// it out of the database; without it, a re-hashed chain cannot be detected.
     #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_KEY")]
     pub audit_checkpoint_key: Option<PathBuf>,
-    /// Seconds between signed audit checkpoints.
-    #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_SECS", default_value_t = 300)]
+    /// Longest time, in seconds, a new audit row waits to be covered by a signed checkpoint
+    /// (nothing is signed while no row arrives; a drain signs the last rows).
+    #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_SECS", default_value_t = 5)]
     pub audit_checkpoint_secs: u64,
     /// After SIGTERM, the seconds within which the process exits: calls in flight finish and
     /// the audit log is flushed first; whatever is still running then is abandoned.
@@ -519,6 +520,9 @@ pub enum AuditCommand {
     Checkpoints {
         #[command(flatten)]
         db: DbArgs,
+        /// Only checkpoints with an id above this one (to append to a copy kept elsewhere).
+        #[arg(long)]
+        after: Option<i64>,
     },
     /// Drop audit partitions older than the retention period, recording each drop (run as
     /// the database owner when the serving role may not drop tables).

@@ -426,7 +426,7 @@ pub(crate) async fn db_url(pool: &PgPool) -> String {
 }
 
 /// Runs the real `toolgate audit <args>` against the test database.
-async fn cli(pool: &PgPool, args: &[&str]) -> std::process::Output {
+pub(crate) async fn cli(pool: &PgPool, args: &[&str]) -> std::process::Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
         .arg("audit")
         .args(args)
@@ -492,7 +492,7 @@ async fn partitions(pool: &PgPool) -> Vec<String> {
     .unwrap()
 }
 
-async fn exec(pool: &PgPool, sql: &str) -> Result<(), String> {
+pub(crate) async fn exec(pool: &PgPool, sql: &str) -> Result<(), String> {
     sqlx::query(sql)
         .execute(pool)
         .await
@@ -595,7 +595,7 @@ async fn a_table_truncated_around_its_triggers_fails_verify(pool: PgPool) {
 }
 
 /// Lets a test edit rows as a database user with the rights to do so.
-async fn disable_row_triggers(pool: &PgPool) {
+pub(crate) async fn disable_row_triggers(pool: &PgPool) {
     for p in partitions(pool).await {
         exec(pool, &format!("ALTER TABLE {p} DISABLE TRIGGER USER"))
             .await

@@ -5,6 +5,7 @@ mod apps;
 mod arguments;
 mod audit;
 mod authcode;
+mod checkpoints;
 mod cli;
 mod credentials;
 mod drain;
