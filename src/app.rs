@@ -114,6 +114,8 @@ impl Settings {
                 default_timeout: Duration::from_millis(args.script_timeout_ms.max(1)),
                 max_concurrency_per_tool: args.max_concurrency_per_tool.max(1),
                 sandbox: Arc::new(sandbox_settings(args)?),
+                script_env: Arc::new(crate::pool::env::PrefixedEnv::from_process()),
+                copies: Some(script_copies(args)?),
             },
             audit_retention_days: args.audit_retention_days.max(1),
             token_rate: (args.token_rate_per_ip, args.token_burst_per_ip),
@@ -154,6 +156,20 @@ fn sandbox_settings(args: &ServeArgs) -> anyhow::Result<SandboxSettings> {
         None => None,
     };
     Ok(SandboxSettings::new(mode, user, &args.script_read_paths))
+}
+
+/// This process's directory of script copies, under `--script-copies-dir`.
+fn script_copies(args: &ServeArgs) -> anyhow::Result<Arc<crate::pool::copies::ScriptCopies>> {
+    let base = args
+        .script_copies_dir
+        .clone()
+        .unwrap_or_else(std::env::temp_dir);
+    crate::pool::copies::ScriptCopies::create(&base).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot make a directory for the script copies in {} (--script-copies-dir): {e}",
+            base.display()
+        )
+    })
 }
 
 /// Says at start what the sandbox cannot confine here; in `required` mode that is fatal.
@@ -317,19 +333,26 @@ impl AppState {
         let n = catalog.len();
         self.policy.set_catalog(catalog.clone());
         self.refresh_gauges();
-        drop(catalog);
         let state = self.clone();
         tokio::spawn(async move {
-            // Syncs run one at a time and each writes the catalog current when it runs, so a
-            // slow older sync can never overwrite a newer one.
+            // Syncs run one at a time, in the order of the loads (the lock is fair), and each
+            // writes the catalog current when it runs, so a slow older sync can never
+            // overwrite a newer one.
             let _one_at_a_time = state.catalog_sync.lock().await;
-            let catalog = state.policy.catalog();
+            let current = state.policy.catalog();
             if let Err(e) =
-                db::catalog::sync(&state.db, &catalog, &state.settings.instance_origin()).await
+                db::catalog::sync(&state.db, &current, &state.settings.instance_origin()).await
             {
                 tracing::warn!(error = %e, "writing the catalog to the database failed");
             }
+            drop(current);
+            // But every load's own changes are recorded, even one superseded before this
+            // ran: a definition that was on disk for a moment and was loaded is held and
+            // recorded, and files changed and restored leave their row.
             state.record_pin_changes(&catalog).await;
+            if let Err(e) = db::pins::record_restored(&state.db, catalog.restored()).await {
+                tracing::warn!(error = %e, "recording restored tool files failed");
+            }
         });
         n
     }
@@ -353,14 +376,22 @@ impl AppState {
                             "tool definitions changed in pinned groups: held until an admin approves them"
                         );
                     }
+                    if d.upgraded > 0 {
+                        tracing::warn!(
+                            tools = d.upgraded,
+                            "carried approvals over to the new form of the pin hash, which also covers each operation's responses, method and path and the group's x-toolgate-* settings, as served now (recorded as approved by `hash-upgrade`)"
+                        );
+                    }
                     if d.first_use > 0 {
                         tracing::info!(
                             tools = d.first_use,
                             "approved the first listing of an upstream group (trust on first use)"
                         );
-                        if let Err(e) = self.reload_policy().await {
-                            tracing::warn!(error = %e, "policy reload failed");
-                        }
+                    }
+                    if (d.first_use > 0 || d.upgraded > 0)
+                        && let Err(e) = self.reload_policy().await
+                    {
+                        tracing::warn!(error = %e, "policy reload failed");
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "recording held tool definitions failed"),

@@ -154,6 +154,11 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub script_read_paths: Vec<PathBuf>,
+    /// Where the gateway keeps its read-only copies of the scripts it loaded and hashed (calls
+    /// run these, not the tools folder's files); a directory of this process is made inside.
+    /// Default: the system temporary directory. Must not be writable by tool authors.
+    #[arg(long, env = "TOOLGATE_SCRIPT_COPIES_DIR")]
+    pub script_copies_dir: Option<PathBuf>,
     /// How many copies of one tool may run at once.
     #[arg(long, env = "TOOLGATE_MAX_CONCURRENCY_PER_TOOL", default_value_t = 8)]
     pub max_concurrency_per_tool: usize,

@@ -355,8 +355,14 @@ impl Drop for CallDir {
 }
 
 impl Sandbox {
-    /// Prepares one run of a script living in `folder`. `None` when the sandbox is off.
-    pub fn prepare(&self, folder: &Path) -> io::Result<Option<(Confine, CallDir)>> {
+    /// Prepares one run of a script living in `folder`, whose gateway copy (the file that is
+    /// executed, beside links to the folder's entries) is in `copies`. `None` when the sandbox
+    /// is off.
+    pub fn prepare(
+        &self,
+        folder: &Path,
+        copies: Option<&Path>,
+    ) -> io::Result<Option<(Confine, CallDir)>> {
         if self.settings.mode == Mode::Off {
             return Ok(None);
         }
@@ -375,7 +381,7 @@ impl Sandbox {
         }
         let ruleset = match host.landlock {
             Ok(()) => Some(
-                self.ruleset(folder, dir.path())
+                self.ruleset(folder, copies, dir.path())
                     .map_err(|e| io::Error::other(format!("Landlock rules: {e}")))?,
             ),
             Err(_) => None,
@@ -402,7 +408,12 @@ impl Sandbox {
         )))
     }
 
-    fn ruleset(&self, folder: &Path, tmp: &Path) -> Result<RulesetCreated, String> {
+    fn ruleset(
+        &self,
+        folder: &Path,
+        copies: Option<&Path>,
+        tmp: &Path,
+    ) -> Result<RulesetCreated, String> {
         let read = AccessFs::from_read(ABI_WANTED);
         let all = AccessFs::from_all(ABI_WANTED);
         let device = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate;
@@ -424,6 +435,13 @@ impl Sandbox {
                     .add_rule(PathBeneath::new(fd, device))
                     .map_err(|e| e.to_string())?;
             }
+        }
+        // The copy of the script that runs: read and executed like the folder.
+        if let Some(copies) = copies {
+            let fd = PathFd::new(copies).map_err(|e| e.to_string())?;
+            ruleset = ruleset
+                .add_rule(PathBeneath::new(fd, read))
+                .map_err(|e| e.to_string())?;
         }
         let folder = PathFd::new(folder).map_err(|e| e.to_string())?;
         let tmp = PathFd::new(tmp).map_err(|e| e.to_string())?;

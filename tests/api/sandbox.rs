@@ -685,7 +685,7 @@ async fn spawn_cost() {
                 sandboxed
                     .group
                     .sandbox
-                    .prepare(sandboxed.workdir())
+                    .prepare(sandboxed.workdir(), None)
                     .unwrap(),
             );
             started.elapsed()
