@@ -430,7 +430,7 @@ impl Upstreams {
 }
 
 /// Converts an upstream tool into a pool tool named `<group>__<tool>`.
-fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
+pub(crate) fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
     // A tool's group is read off its name up to the first `__`; a group name with `__` in it
     // (one written into the table by hand, past the API's check) would be read as another
     // group's, so none is served.
