@@ -17,6 +17,7 @@ mod otel;
 mod perimeter;
 mod pins;
 mod policy;
+mod redaction;
 mod reload;
 mod rest;
 mod sandbox;
