@@ -372,7 +372,12 @@ impl<'a> Gate<'a> {
         let (redacted, secrets, bytes_in, violations) = match &args {
             Ok(args) => {
                 let (redacted, secrets) = audit::redact_collect(args, &tool.audit);
-                let redacted = serde_json::to_string(&redacted).unwrap_or_default();
+                // A redacted value may be repeated under a key that is not (a note quoting the
+                // password, a header built from it): scrubbed there too.
+                let redacted = audit::scrub(
+                    &serde_json::to_string(&redacted).unwrap_or_default(),
+                    &secrets,
+                );
                 let bytes_in = serde_json::to_vec(args)
                     .map(|v| v.len() as i64)
                     .unwrap_or(0);

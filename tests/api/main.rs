@@ -18,6 +18,7 @@ mod otel;
 mod perimeter;
 mod pins;
 mod policy;
+mod redaction;
 mod reload;
 mod rest;
 mod sandbox;
