@@ -53,6 +53,8 @@ pub struct Settings {
     pub accounts: web::session::AccountSettings,
     /// Admin sign-in with an OpenID Provider, when configured.
     pub sso: Option<web::sso::SsoSettings>,
+    /// Timeouts, connection and audit-row bounds for clients that proved nothing.
+    pub perimeter: crate::config::PerimeterArgs,
 }
 
 impl Settings {
@@ -141,6 +143,7 @@ impl Settings {
             cimd_allow_private: args.oauth_cimd_allow_private,
             accounts: web::session::AccountSettings::from_args(args),
             sso: web::sso::SsoSettings::from_args(&args.oidc, &issuer_for_sso)?,
+            perimeter: args.perimeter.clone(),
         })
     }
 }
@@ -214,6 +217,8 @@ pub struct Inner {
     pub metrics: Metrics,
     pub audit: crate::audit::writer::AuditLog,
     pub limits: crate::limits::RateLimits,
+    /// Refusals of strangers, summarised per source before they reach `audit`.
+    pub refusals: crate::limits::refusals::RefusalLog,
     pub upstreams: crate::upstream::Upstreams,
     /// Access tokens whose signature was already verified.
     pub verified_tokens: crate::auth::token::VerifiedTokens,
@@ -269,9 +274,14 @@ impl AppState {
             settings.token_rate.1,
             shared,
         );
+        let refusals = crate::limits::refusals::RefusalLog::new(
+            audit.clone(),
+            Duration::from_secs(settings.perimeter.refusal_summary_secs),
+        );
         Self(Arc::new(Inner {
             audit,
             limits,
+            refusals,
             upstreams: crate::upstream::Upstreams::default(),
             verified_tokens: Default::default(),
             cimd: crate::oauth::cimd::CimdCache::new(settings.cimd_allow_private),
@@ -820,6 +830,8 @@ impl Drain {
                 );
             }
         }
+        // The counts of refusals still being summarised go out with the last flush.
+        state.refusals.flush();
         match tokio::time::timeout_at(deadline, state.audit.flush()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {

@@ -94,6 +94,8 @@ pub struct DbArgs {
 pub struct ServeArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    #[command(flatten)]
+    pub perimeter: PerimeterArgs,
     /// Address to listen on.
     #[arg(long, env = "TOOLGATE_BIND", default_value = "127.0.0.1:8787")]
     pub bind: SocketAddr,
@@ -302,6 +304,32 @@ pub struct OidcArgs {
         value_delimiter = ','
     )]
     pub oidc_role_map: Vec<String>,
+}
+
+/// What a client that has proved nothing may hold: time to send a request, connections, and
+/// rows in the audit log.
+#[derive(Debug, Clone, Args)]
+pub struct PerimeterArgs {
+    /// Seconds a client has to send a request's headers; also how long an idle keep-alive
+    /// connection is kept (a trusted proxy's: at least 90, longer than nginx keeps its own).
+    #[arg(long, env = "TOOLGATE_HEADER_READ_TIMEOUT_SECS", default_value_t = 30)]
+    pub header_read_timeout_secs: u64,
+    /// Seconds a client has to send a request's whole body, counted from its headers; a body
+    /// still arriving then is answered 408 and its connection closed.
+    #[arg(long, env = "TOOLGATE_REQUEST_BODY_TIMEOUT_SECS", default_value_t = 30)]
+    pub request_body_timeout_secs: u64,
+    /// Connections one source address (an IPv6 /64) may hold open at once; more are closed as
+    /// soon as they are accepted. Trusted proxies are exempt. 0: no limit.
+    #[arg(
+        long,
+        env = "TOOLGATE_MAX_CONNECTIONS_PER_SOURCE",
+        default_value_t = 256
+    )]
+    pub max_connections_per_source: usize,
+    /// Seconds over which identical refusals from one source (bad tokens, wrong secrets) are
+    /// written to the audit log as their first row and one row with their count.
+    #[arg(long, env = "TOOLGATE_REFUSAL_SUMMARY_SECS", default_value_t = 60)]
+    pub refusal_summary_secs: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -25,6 +25,7 @@ mod sandbox;
 mod scripts;
 mod search;
 mod shared;
+mod strangers;
 mod tokens;
 mod upstream;
 mod web;
