@@ -83,9 +83,11 @@ impl Outcome {
             Outcome::Upstream(Ok(r)) if r.is_error == Some(true) => "tool_error",
             Outcome::Upstream(Ok(_)) => "success",
             Outcome::Upstream(Err(UpstreamError::Timeout(..))) => "timeout",
-            Outcome::Upstream(Err(UpstreamError::CircuitOpen(_) | UpstreamError::Down(_))) => {
-                "upstream_unavailable"
-            }
+            Outcome::Upstream(Err(
+                UpstreamError::CircuitOpen(_)
+                | UpstreamError::ToolCircuitOpen(..)
+                | UpstreamError::Down(_),
+            )) => "upstream_unavailable",
             Outcome::Upstream(Err(UpstreamError::Failed(..))) => "upstream_error",
         }
     }

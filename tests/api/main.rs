@@ -12,6 +12,7 @@ mod drain;
 mod durability;
 mod fast_list;
 mod helpers;
+mod hostile;
 mod limits;
 mod mcp;
 mod otel;
