@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use axum::Router;
 use sqlx::PgPool;
-use std::future::IntoFuture;
 
 use tokio::net::TcpListener;
 
@@ -718,12 +717,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(addr = %listener.local_addr()?, issuer = %settings.issuer, "toolgate listening");
     let drain = Drain::from_args(&args);
     let stop_accepting = tokio_util::sync::CancellationToken::new();
-    let server = axum::serve(
+    // axum::serve's loop, with the header and body timeouts and the per-source connection cap.
+    let server = crate::listen::serve(
         listener,
-        router(state.clone()).into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(stop_accepting.clone().cancelled_owned());
-    let mut server = std::pin::pin!(server.into_future());
+        router(state.clone()),
+        crate::listen::Bounds::from_settings(&settings),
+        stop_accepting.clone(),
+    );
+    let mut server = std::pin::pin!(server);
     tokio::select! {
         r = &mut server => {
             r?;

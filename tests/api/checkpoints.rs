@@ -125,6 +125,22 @@ async fn rows_of_a_serving_instance_are_signed_within_seconds_so_their_truncatio
     assert!(took < Duration::from_secs(12), "signed after {took:?}");
     let kept = root.path().join("checkpoints.jsonl");
     std::fs::write(&kept, cli(&pool, &["checkpoints"]).await.stdout).unwrap();
+    // A copy kept elsewhere is extended with what came after its last line.
+    let newer = cli(
+        &pool,
+        &["checkpoints", "--after", &(signed - 1).to_string()],
+    )
+    .await;
+    let ids: Vec<i64> = String::from_utf8(newer.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["id"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ids.first(), Some(&signed), "{ids:?}");
     let mut child = server.child;
     child.kill().await.unwrap();
 
