@@ -66,6 +66,18 @@ impl ScriptCopies {
         ));
         // Readable by a `--script-user` that is not the gateway's; writable by the gateway only.
         fs::DirBuilder::new().mode(0o755).create(&root)?;
+        // Hardened hosts mount the temporary directory `noexec`: no copy could run there, and
+        // every call would fail. Said at start, with the way out.
+        let noexec = nix::sys::statvfs::statvfs(&root)
+            .map(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_NOEXEC))
+            .unwrap_or(false);
+        if noexec {
+            let _ = fs::remove_dir(&root);
+            return Err(io::Error::other(format!(
+                "{} is on a filesystem mounted noexec, where no script can run; choose a directory elsewhere",
+                base.display()
+            )));
+        }
         Ok(Arc::new(Self {
             root,
             live: Mutex::new(HashMap::new()),

@@ -490,7 +490,6 @@ pub fn load_group(
             let operation =
                 HttpBinding::script_operation_text(op, summary.as_deref(), description.as_deref());
             let stamps = FileStamps {
-                spec: spec_file_stamp,
                 script: stamp(&script_meta),
                 ui: ui_stamp,
             };
@@ -584,6 +583,7 @@ pub fn load_group(
         sandbox,
         max_concurrency: settings.max_concurrency_per_tool,
         copies,
+        spec_stamp: spec_file_stamp,
     });
     Ok(built
         .into_iter()
@@ -960,9 +960,10 @@ pub fn restored_since(previous: &Catalog, tools: &[Arc<Tool>]) -> Vec<Restored> 
             continue;
         }
         let (a, b) = (&then.stamps, &now.stamps);
+        let (sa, sb) = (&then.group.spec_stamp, &now.group.spec_stamp);
         let mut files = Vec::new();
         // The document's bytes the same: nothing of it changed, though the file did.
-        if a.spec.stamp != b.spec.stamp && a.spec.digest == b.spec.digest {
+        if sa.stamp != sb.stamp && sa.digest == sb.digest {
             files.push("openapi.json".to_owned());
         }
         if a.script != b.script {

@@ -235,6 +235,8 @@ pub struct ScriptGroup {
     /// The gateway's copy of the group's scripts as hashed, which calls run; `None` when the
     /// pool was loaded without copies (commands that run no script).
     pub copies: Option<Arc<copies::GroupCopy>>,
+    /// The identity of the group's `openapi.json` when it was read.
+    pub spec_stamp: FileStamp,
 }
 
 /// The identity of a file the hash covers, when it was read ([`loader`]'s `stamp`).
@@ -245,12 +247,11 @@ pub struct FileStamp {
     pub digest: [u8; 32],
 }
 
-/// The identities of a script tool's files at its load: a later load that finds other files
-/// with the same content records that they were changed and restored.
+/// The identities of a script tool's own files at its load (the group's `openapi.json` is the
+/// group's, [`ScriptGroup::spec_stamp`]): a later load that finds other files with the same
+/// content records that they were changed and restored.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FileStamps {
-    /// The group's `openapi.json`.
-    pub spec: FileStamp,
     pub script: u64,
     /// The App file's; 0 when the tool has none.
     pub ui: u64,

@@ -409,6 +409,7 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
                     sandbox: Default::default(),
                     max_concurrency: 1,
                     copies: None,
+                    spec_stamp: Default::default(),
                 }),
                 file: "".into(),
                 timeout: Duration::from_secs(1),
