@@ -5,6 +5,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use futures::StreamExt;
+
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use base64::Engine;
@@ -502,4 +504,113 @@ async fn held_open_connections_from_one_source_do_not_starve_another(pool: PgPoo
         held.len(),
         std::fs::read_to_string(server.logs.path()).unwrap_or_default()
     );
+}
+
+fn rss_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// `n` token requests, each for a client id never seen before (128 characters, the most a key
+/// keeps), from 500 source addresses; the answers' statuses. Each presents a client assertion
+/// naming the made-up id (a secret would make each wait for one of the few argon2 slots: the
+/// per-client state is the same either way, and this way 10,000 take seconds).
+async fn made_up_client_ids(addr: SocketAddr, round: usize, n: usize) -> Vec<u16> {
+    let sources = 500;
+    let work = (0..sources).map(|s| async move {
+        let source: IpAddr = format!("127.{}.{}.{}", 10 + round, 1 + s / 250, 1 + s % 250)
+            .parse()
+            .unwrap();
+        let http = reqwest::Client::builder()
+            .local_address(source)
+            .build()
+            .unwrap();
+        let mut statuses = Vec::new();
+        for i in (s..n).step_by(sources) {
+            let id = format!("tgc_{round}_{i:06}_{}", "x".repeat(110));
+            let b64 = |v: serde_json::Value| {
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+            };
+            let assertion = format!(
+                "{}.{}.{}",
+                b64(json!({"alg": "EdDSA", "typ": "JWT"})),
+                b64(json!({"iss": id, "sub": id, "aud": format!("http://{addr}/oauth/token")})),
+                "c2lnbmF0dXJl"
+            );
+            let r = http
+                .post(format!("http://{addr}/oauth/token"))
+                .form(&[
+                    ("grant_type", "client_credentials"),
+                    ("client_id", id.as_str()),
+                    (
+                        "client_assertion_type",
+                        "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
+                    ),
+                    ("client_assertion", assertion.as_str()),
+                ])
+                .send()
+                .await
+                .unwrap();
+            statuses.push(r.status().as_u16());
+        }
+        statuses
+    });
+    futures::stream::iter(work)
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// 10,000 distinct client ids against /oauth/token, twice: the second 10,000 cost no more
+/// memory than the first (per-client state is bounded, not kept per id).
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn ten_thousand_made_up_client_ids_leave_memory_bounded(pool: PgPool) {
+    let server = Served::start(&pool, &[], None).await;
+    let pid = server.child.id();
+    // Warm up (the first verification, the allocator's arenas).
+    let _ = made_up_client_ids(server.addr, 0, 1_000).await;
+    let baseline = rss_kib(pid, "VmRSS:");
+    let first = made_up_client_ids(server.addr, 1, 10_000).await;
+    let after_first = rss_kib(pid, "VmRSS:");
+    let second = made_up_client_ids(server.addr, 2, 10_000).await;
+    let after_second = rss_kib(pid, "VmRSS:");
+    let peak = rss_kib(pid, "VmHWM:");
+    let mut by_status = std::collections::BTreeMap::new();
+    for s in first.iter().chain(&second) {
+        *by_status.entry(*s).or_insert(0) += 1;
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    println!(
+        "RSS: baseline {baseline} KiB, after 10,000 made-up client ids {after_first} KiB, after \
+         10,000 more {after_second} KiB, peak {peak} KiB; answers {by_status:?}; audit rows {rows}"
+    );
+    assert_eq!(first.len() + second.len(), 20_000);
+    assert!(
+        by_status.keys().all(|s| [401, 429, 503].contains(s)),
+        "{by_status:?}"
+    );
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    assert!(
+        mib(after_first.saturating_sub(baseline)) < 16.0,
+        "{} MiB",
+        mib(after_first.saturating_sub(baseline))
+    );
+    // Nothing is kept per id: the second 10,000 add (next to) nothing.
+    let second_round = mib(after_second.saturating_sub(after_first));
+    assert!(
+        second_round < 4.0,
+        "10,000 more client ids grew RSS by {second_round:.1} MiB"
+    );
+    // Their refusals are summarised per source, not written one row each.
+    assert!(rows < 5_000, "{rows} audit rows for 21,000 refusals");
 }
