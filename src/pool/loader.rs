@@ -273,14 +273,12 @@ pub fn load_group(
             .map_err(|e| fail(&spec_file, format!("`x-toolgate-audit` is invalid: {e}")))?,
     };
     let audit = Arc::new(audit);
-    let sandbox = Sandbox {
-        settings: settings.sandbox.clone(),
-        limits: match doc.get("x-toolgate-sandbox") {
-            None => GroupLimits::default(),
-            Some(v) => GroupLimits::from_json(v)
-                .map_err(|e| fail(&spec_file, format!("`x-toolgate-sandbox` is invalid: {e}")))?,
-        },
+    let limits = match doc.get("x-toolgate-sandbox") {
+        None => GroupLimits::default(),
+        Some(v) => GroupLimits::from_json(v)
+            .map_err(|e| fail(&spec_file, format!("`x-toolgate-sandbox` is invalid: {e}")))?,
     };
+    let sandbox = Sandbox::new(settings.sandbox.clone(), limits, folder);
     let group_spec = Arc::new(ScriptGroup {
         workdir: folder.to_path_buf(),
         env_allow: env_allow.into_boxed_slice(),

@@ -4,6 +4,8 @@
 //! always sees one consistent catalog from start to finish.
 
 pub mod definition;
+pub mod egress;
+pub mod jail;
 pub mod loader;
 pub mod runner;
 pub mod sandbox;

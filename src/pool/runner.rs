@@ -139,7 +139,7 @@ pub async fn run(
         }
     }
     // Removed when this function returns, after everything the script started is gone.
-    let (confine, _call_dir) = match spec.group.sandbox.prepare(spec.workdir()) {
+    let (confine, _call_dir) = match spec.group.sandbox.prepare(spec.workdir()).await {
         Ok(Some((confine, dir))) => {
             env.retain(|(n, _)| n != "TMPDIR");
             env.push(("TMPDIR".into(), dir.path().into()));

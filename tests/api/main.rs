@@ -11,6 +11,7 @@ mod drain;
 mod durability;
 mod fast_list;
 mod helpers;
+mod jail;
 mod limits;
 mod mcp;
 mod otel;

@@ -480,16 +480,24 @@ printf '{{"big_file": %s, "tcp": %s, "cpu_limited": %s}}' $big $tcp $xcpu
     // SIGXCPU (152 through timeout) at the soft limit, SIGKILL (137) at the hard one.
     let spin = "timeout 30 sh -c 'while :; do :; done'; s=$?; xcpu=false; [ $s -eq 152 ] || [ $s -eq 137 ] && xcpu=true";
     write_group(root.path(), "tight", &doc, &[("run.sh", &probe(spin))]);
+    // Without an `egress` entry for it, the listener is out of reach (tests/api/jail.rs).
+    let mut doc = single_op("run", obj(), json!({}));
+    doc["x-toolgate-sandbox"] = json!({"egress": [format!("127.0.0.1:{port}")]});
     write_group(
         root.path(),
         "loose",
-        &single_op("run", obj(), json!({})),
+        &doc,
         &[("run.sh", &probe("xcpu=false"))],
     );
     for (folder, bad) in [
         ("bad-range", json!({"cpu_seconds": 0})),
         ("bad-key", json!({"memory": 1})),
         ("bad-type", json!({"network": "no"})),
+        ("bad-egress", json!({"egress": ["nowhere"]})),
+        (
+            "bad-mix",
+            json!({"network": false, "egress": ["a.example:1"]}),
+        ),
     ] {
         let mut doc = single_op("run", obj(), json!({}));
         doc["x-toolgate-sandbox"] = bad;
@@ -545,6 +553,16 @@ printf '{{"big_file": %s, "tcp": %s, "cpu_limited": %s}}' $big $tcp $xcpu
     );
     assert!(
         reason("bad-type").contains("invalid type"),
+        "{}",
+        errors.text
+    );
+    assert!(
+        reason("bad-egress").contains("`nowhere` is not a `host:port` pair: no `:port`"),
+        "{}",
+        errors.text
+    );
+    assert!(
+        reason("bad-mix").contains("`network: false` refuses all TCP"),
         "{}",
         errors.text
     );
@@ -678,19 +696,19 @@ async fn spawn_cost() {
         );
     }
     // The parent's share: the Landlock ruleset and the TMPDIR, made and removed.
-    let mut t_prepare: Vec<Duration> = (0..runs)
-        .map(|_| {
-            let started = Instant::now();
-            drop(
-                sandboxed
-                    .group
-                    .sandbox
-                    .prepare(sandboxed.workdir())
-                    .unwrap(),
-            );
-            started.elapsed()
-        })
-        .collect();
+    let mut t_prepare: Vec<Duration> = Vec::new();
+    for _ in 0..runs {
+        let started = Instant::now();
+        drop(
+            sandboxed
+                .group
+                .sandbox
+                .prepare(sandboxed.workdir())
+                .await
+                .unwrap(),
+        );
+        t_prepare.push(started.elapsed());
+    }
     println!(
         "  of which preparing the sandbox (ruleset, TMPDIR) p50 {:.2} ms",
         p50(&mut t_prepare)
