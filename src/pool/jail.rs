@@ -76,8 +76,24 @@ impl Drop for Jail {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct JailKey {
     pub folder: PathBuf,
+    /// The folder's device and inode: a folder removed and made again at the same path (a
+    /// checkout, a copy) is another directory, which the old jail's bind mount does not show.
+    pub folder_id: (u64, u64),
     pub read_paths: Arc<[PathBuf]>,
     pub egress: Egress,
+}
+
+impl JailKey {
+    pub fn new(folder: &Path, read_paths: Arc<[PathBuf]>, egress: Egress) -> io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(folder)?;
+        Ok(Self {
+            folder: folder.to_path_buf(),
+            folder_id: (meta.dev(), meta.ino()),
+            read_paths,
+            egress,
+        })
+    }
 }
 
 fn registry() -> &'static Mutex<HashMap<JailKey, Weak<Jail>>> {

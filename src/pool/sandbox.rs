@@ -468,7 +468,7 @@ impl Sandbox {
             limits,
             jail: tokio::sync::OnceCell::new(),
         };
-        if let Some(key) = sandbox.jail_key(folder)
+        if let Some(Ok(key)) = sandbox.jail_key(folder)
             && let Some(jail) = Jail::existing(&key)
         {
             let _ = sandbox.jail.set(jail);
@@ -477,12 +477,14 @@ impl Sandbox {
     }
 
     /// What the group's jail is made of; `None` when its scripts get none.
-    fn jail_key(&self, folder: &Path) -> Option<JailKey> {
+    fn jail_key(&self, folder: &Path) -> Option<io::Result<JailKey>> {
         let wanted = self.settings.mode != Mode::Off && self.settings.isolate;
-        (wanted && host().jail.is_ok()).then(|| JailKey {
-            folder: folder.to_path_buf(),
-            read_paths: self.settings.jail_read_paths.clone(),
-            egress: self.limits.egress.clone(),
+        (wanted && host().jail.is_ok()).then(|| {
+            JailKey::new(
+                folder,
+                self.settings.jail_read_paths.clone(),
+                self.limits.egress.clone(),
+            )
         })
     }
 
@@ -492,15 +494,18 @@ impl Sandbox {
             return Ok(None);
         }
         let host = host();
-        let jail = match self.jail_key(folder) {
-            Some(key) => Some(
-                self.jail
-                    .get_or_try_init(|| Jail::obtain(&key))
-                    .await
-                    .map_err(|e| io::Error::new(e.kind(), format!("the group's jail: {e}")))?
-                    .clone(),
-            ),
-            None => None,
+        let jail = match self.jail.get() {
+            Some(jail) => Some(jail.clone()),
+            None => match self.jail_key(folder) {
+                Some(key) => Some(
+                    self.jail
+                        .get_or_try_init(|| async { Jail::obtain(&key?).await })
+                        .await
+                        .map_err(|e| io::Error::new(e.kind(), format!("the group's jail: {e}")))?
+                        .clone(),
+                ),
+                None => None,
+            },
         };
         let parent = match &jail {
             Some(j) => j.tmp_base.clone(),

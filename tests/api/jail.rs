@@ -274,6 +274,9 @@ async fn a_script_reaches_only_the_pairs_its_group_lists(pool: PgPool) {
     for way in ["postgres", "redis", "loopback", "private", "unix_socket"] {
         assert_eq!(r.body[way], true, "unconfined, `{way}` failed: {}", r.text);
     }
+    if std::path::Path::new(pg_socket).exists() {
+        assert_eq!(r.body["postgres_socket"], true, "{}", r.text);
+    }
     assert!(pending_tcp(&refused), "{}", r.text);
     assert!(pending_udp(&udp), "{}", r.text);
     assert!(pending_unix(&unix), "{}", r.text);
@@ -475,4 +478,36 @@ async fn a_fork_bomb_is_bounded_per_call(pool: PgPool) {
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn a_fork_bomb_is_bounded_per_call_with_a_script_user(pool: PgPool) {
     fork_bomb_is_bounded_per_call(pool, &["--script-user", "nobody"]).await;
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_reload_keeps_a_groups_jail_and_a_recreated_folder_gets_a_new_one(pool: PgPool) {
+    let script =
+        |v: u32| format!("#!/bin/sh\nprintf '{{\"v\": {v}, \"tmp\": \"%s\"}}' \"$TMPDIR\"\n");
+    let root = tempfile::tempdir().unwrap();
+    let doc = single_op("run", obj(), json!({}));
+    write_group(root.path(), "g", &doc, &[("run.sh", &script(1))]);
+    let app = TestApp::with(pool, root.path(), None, &[]).await;
+    let token = app.agent("caller", &["g"]).await;
+    let call = || app.post_json("/tools/g/run", Some(&token), json!({}));
+    // The jail's directory holds the calls' TMPDIRs: the same parent, the same jail.
+    let jail_of = |r: &crate::helpers::Reply| {
+        let tmp = std::path::PathBuf::from(r.body["tmp"].as_str().unwrap());
+        tmp.parent().unwrap().to_path_buf()
+    };
+
+    let first = call().await;
+    assert_eq!(first.body["v"], 1, "{}", first.text);
+    std::fs::write(root.path().join("g/notes.txt"), "edited").unwrap();
+    app.state.reload_pool();
+    let reloaded = call().await;
+    assert_eq!(reloaded.body["v"], 1, "{}", reloaded.text);
+    assert_eq!(jail_of(&first), jail_of(&reloaded));
+
+    std::fs::remove_dir_all(root.path().join("g")).unwrap();
+    write_group(root.path(), "g", &doc, &[("run.sh", &script(2))]);
+    app.state.reload_pool();
+    let recreated = call().await;
+    assert_eq!(recreated.body["v"], 2, "{}", recreated.text);
+    assert_ne!(jail_of(&first), jail_of(&recreated));
 }
