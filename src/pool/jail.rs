@@ -31,7 +31,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use nix::libc;
 use nix::mount::{MntFlags, MsFlags};
@@ -71,58 +71,104 @@ impl Drop for Jail {
     }
 }
 
-/// What makes two jails the same: a reload of the tool pool rebuilds every group, and a group
-/// whose jail would be identical takes over the live one instead of building another.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct JailKey {
-    pub folder: PathBuf,
+/// At most this many jails are kept: each costs about 200 KiB of kernel memory, mostly its
+/// network namespace. Past it the least recently used one goes (the calls running in it keep
+/// it until they end), and its group builds a new one at its next call, in a millisecond or
+/// two.
+pub const MAX_JAILS: usize = 512;
+
+/// What makes two jails the same. A reload of the tool pool rebuilds every group, and a group
+/// whose jail would be identical uses the one already built. Cheap to clone and to look up:
+/// its hash is computed once.
+#[derive(Debug, Clone)]
+pub struct JailKey(Arc<KeyParts>);
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct KeyParts {
+    folder: PathBuf,
     /// The folder's device and inode: a folder removed and made again at the same path (a
     /// checkout, a copy) is another directory, which the old jail's bind mount does not show.
-    pub folder_id: (u64, u64),
-    pub read_paths: Arc<[PathBuf]>,
-    pub egress: Egress,
+    folder_id: (u64, u64),
+    read_paths: Arc<[PathBuf]>,
+    egress: Egress,
 }
 
 impl JailKey {
     pub fn new(folder: &Path, read_paths: Arc<[PathBuf]>, egress: Egress) -> io::Result<Self> {
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(folder)?;
-        Ok(Self {
+        Ok(Self(Arc::new(KeyParts {
             folder: folder.to_path_buf(),
             folder_id: (meta.dev(), meta.ino()),
             read_paths,
             egress,
-        })
+        })))
     }
 }
 
-fn registry() -> &'static Mutex<HashMap<JailKey, Weak<Jail>>> {
-    static JAILS: std::sync::OnceLock<Mutex<HashMap<JailKey, Weak<Jail>>>> =
-        std::sync::OnceLock::new();
+impl PartialEq for JailKey {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl Eq for JailKey {}
+
+impl std::hash::Hash for JailKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.folder.hash(state);
+        self.0.folder_id.hash(state);
+    }
+}
+
+/// A jail being built or built, and when it was last asked for.
+#[derive(Debug, Default)]
+struct Slot {
+    jail: tokio::sync::OnceCell<Arc<Jail>>,
+    used: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Jails {
+    slots: HashMap<JailKey, Arc<Slot>>,
+    clock: u64,
+}
+
+fn jails() -> &'static Mutex<Jails> {
+    static JAILS: std::sync::OnceLock<Mutex<Jails>> = std::sync::OnceLock::new();
     JAILS.get_or_init(Default::default)
 }
 
 impl Jail {
-    /// The live jail of an identical group, if there is one.
-    pub fn existing(key: &JailKey) -> Option<Arc<Jail>> {
-        let jails = registry().lock().unwrap_or_else(|p| p.into_inner());
-        jails.get(key).and_then(Weak::upgrade)
-    }
-
-    /// The jail for `key`: the live one, or a new one.
+    /// The jail for `key`: the one built already, or a new one (one build for concurrent
+    /// first calls).
     pub async fn obtain(key: &JailKey) -> io::Result<Arc<Jail>> {
-        if let Some(jail) = Self::existing(key) {
-            return Ok(jail);
-        }
-        let jail = Arc::new(Self::build(key).await?);
-        let mut jails = registry().lock().unwrap_or_else(|p| p.into_inner());
-        jails.retain(|_, j| j.strong_count() > 0);
-        jails.insert(key.clone(), Arc::downgrade(&jail));
-        Ok(jail)
+        use std::sync::atomic::Ordering;
+        let slot = {
+            let mut jails = jails().lock().unwrap_or_else(|p| p.into_inner());
+            jails.clock += 1;
+            let now = jails.clock;
+            let slot = jails.slots.entry(key.clone()).or_default().clone();
+            slot.used.store(now, Ordering::Relaxed);
+            if jails.slots.len() > MAX_JAILS
+                && let Some(oldest) = jails
+                    .slots
+                    .iter()
+                    .min_by_key(|(_, s)| s.used.load(Ordering::Relaxed))
+                    .map(|(k, _)| k.clone())
+            {
+                jails.slots.remove(&oldest);
+            }
+            slot
+        };
+        slot.jail
+            .get_or_try_init(|| async { Self::build(key).await.map(Arc::new) })
+            .await
+            .cloned()
     }
 
     async fn build(key: &JailKey) -> io::Result<Jail> {
-        let plan = Plan::new(key)?;
+        let plan = Plan::new(&key.0)?;
         let tmp_base = plan.tmp_base.clone();
         // A thread of its own, ended after: it leaves its namespaces and root behind, which
         // must not be a runtime thread's.
@@ -231,7 +277,7 @@ struct Built {
 }
 
 impl Plan {
-    fn new(key: &JailKey) -> io::Result<Self> {
+    fn new(key: &KeyParts) -> io::Result<Self> {
         let tmp_base = canonical(&std::env::temp_dir())?.join(format!(
             "{TMP_PREFIX}{}-{}",
             std::process::id(),

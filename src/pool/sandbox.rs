@@ -396,9 +396,9 @@ fn base_ruleset(network: bool) -> Result<Ruleset, landlock::RulesetError> {
 pub struct Sandbox {
     pub settings: Arc<SandboxSettings>,
     pub limits: GroupLimits,
-    /// The group's jail, built on its first call (or taken over from the identical group of
-    /// the previous load).
-    jail: tokio::sync::OnceCell<Arc<Jail>>,
+    /// What the group's jail is made of; `None` when its scripts get none, an error when the
+    /// folder could not be read at load.
+    jail: Option<Result<JailKey, String>>,
 }
 
 /// Removes the call directories of gateways that are gone (killed with `kill -9`, say): a
@@ -460,32 +460,22 @@ impl Drop for CallDir {
 }
 
 impl Sandbox {
-    /// The sandbox of a group living in `folder`; takes over the live jail of an identical
-    /// group (the same group before a reload of the pool), so a reload builds none.
+    /// The sandbox of a group living in `folder`.
     pub fn new(settings: Arc<SandboxSettings>, limits: GroupLimits, folder: &Path) -> Self {
-        let sandbox = Self {
-            settings,
-            limits,
-            jail: tokio::sync::OnceCell::new(),
-        };
-        if let Some(Ok(key)) = sandbox.jail_key(folder)
-            && let Some(jail) = Jail::existing(&key)
-        {
-            let _ = sandbox.jail.set(jail);
-        }
-        sandbox
-    }
-
-    /// What the group's jail is made of; `None` when its scripts get none.
-    fn jail_key(&self, folder: &Path) -> Option<io::Result<JailKey>> {
-        let wanted = self.settings.mode != Mode::Off && self.settings.isolate;
-        (wanted && host().jail.is_ok()).then(|| {
+        let wanted = settings.mode != Mode::Off && settings.isolate && host().jail.is_ok();
+        let jail = wanted.then(|| {
             JailKey::new(
                 folder,
-                self.settings.jail_read_paths.clone(),
-                self.limits.egress.clone(),
+                settings.jail_read_paths.clone(),
+                limits.egress.clone(),
             )
-        })
+            .map_err(|e| format!("cannot read {}: {e}", folder.display()))
+        });
+        Self {
+            settings,
+            limits,
+            jail,
+        }
     }
 
     /// Prepares one run of a script living in `folder`. `None` when the sandbox is off.
@@ -494,18 +484,14 @@ impl Sandbox {
             return Ok(None);
         }
         let host = host();
-        let jail = match self.jail.get() {
-            Some(jail) => Some(jail.clone()),
-            None => match self.jail_key(folder) {
-                Some(key) => Some(
-                    self.jail
-                        .get_or_try_init(|| async { Jail::obtain(&key?).await })
-                        .await
-                        .map_err(|e| io::Error::new(e.kind(), format!("the group's jail: {e}")))?
-                        .clone(),
-                ),
-                None => None,
-            },
+        let jail = match &self.jail {
+            None => None,
+            Some(Err(e)) => return Err(io::Error::other(format!("the group's jail: {e}"))),
+            Some(Ok(key)) => Some(
+                Jail::obtain(key)
+                    .await
+                    .map_err(|e| io::Error::new(e.kind(), format!("the group's jail: {e}")))?,
+            ),
         };
         let parent = match &jail {
             Some(j) => j.tmp_base.clone(),
