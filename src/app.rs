@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use axum::Router;
 use sqlx::PgPool;
-use std::future::IntoFuture;
 
 use tokio::net::TcpListener;
 
@@ -53,6 +52,8 @@ pub struct Settings {
     pub accounts: web::session::AccountSettings,
     /// Admin sign-in with an OpenID Provider, when configured.
     pub sso: Option<web::sso::SsoSettings>,
+    /// Timeouts, connection and audit-row bounds for clients that proved nothing.
+    pub perimeter: crate::config::PerimeterArgs,
 }
 
 impl Settings {
@@ -114,6 +115,8 @@ impl Settings {
                 default_timeout: Duration::from_millis(args.script_timeout_ms.max(1)),
                 max_concurrency_per_tool: args.max_concurrency_per_tool.max(1),
                 sandbox: Arc::new(sandbox_settings(args)?),
+                script_env: Arc::new(crate::pool::env::PrefixedEnv::from_process()),
+                copies: Some(script_copies(args)?),
             },
             audit_retention_days: args.audit_retention_days.max(1),
             token_rate: (args.token_rate_per_ip, args.token_burst_per_ip),
@@ -139,6 +142,7 @@ impl Settings {
             cimd_allow_private: args.oauth_cimd_allow_private,
             accounts: web::session::AccountSettings::from_args(args),
             sso: web::sso::SsoSettings::from_args(&args.oidc, &issuer_for_sso)?,
+            perimeter: args.perimeter.clone(),
         })
     }
 }
@@ -154,6 +158,20 @@ fn sandbox_settings(args: &ServeArgs) -> anyhow::Result<SandboxSettings> {
         None => None,
     };
     Ok(SandboxSettings::new(mode, user, &args.script_read_paths))
+}
+
+/// This process's directory of script copies, under `--script-copies-dir`.
+fn script_copies(args: &ServeArgs) -> anyhow::Result<Arc<crate::pool::copies::ScriptCopies>> {
+    let base = args
+        .script_copies_dir
+        .clone()
+        .unwrap_or_else(std::env::temp_dir);
+    crate::pool::copies::ScriptCopies::create(&base).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot make a directory for the script copies in {} (--script-copies-dir): {e}",
+            base.display()
+        )
+    })
 }
 
 /// Says at start what the sandbox cannot confine here; in `required` mode that is fatal.
@@ -193,6 +211,8 @@ pub struct Inner {
     pub metrics: Metrics,
     pub audit: crate::audit::writer::AuditLog,
     pub limits: crate::limits::RateLimits,
+    /// Refusals of strangers, summarised per source before they reach `audit`.
+    pub refusals: crate::limits::refusals::RefusalLog,
     pub upstreams: crate::upstream::Upstreams,
     /// Access tokens whose signature was already verified.
     pub verified_tokens: crate::auth::token::VerifiedTokens,
@@ -248,9 +268,14 @@ impl AppState {
             settings.token_rate.1,
             shared,
         );
+        let refusals = crate::limits::refusals::RefusalLog::new(
+            audit.clone(),
+            Duration::from_secs(settings.perimeter.refusal_summary_secs),
+        );
         Self(Arc::new(Inner {
             audit,
             limits,
+            refusals,
             upstreams: crate::upstream::Upstreams::default(),
             verified_tokens: Default::default(),
             cimd: crate::oauth::cimd::CimdCache::new(settings.cimd_allow_private),
@@ -312,19 +337,26 @@ impl AppState {
         let n = catalog.len();
         self.policy.set_catalog(catalog.clone());
         self.refresh_gauges();
-        drop(catalog);
         let state = self.clone();
         tokio::spawn(async move {
-            // Syncs run one at a time and each writes the catalog current when it runs, so a
-            // slow older sync can never overwrite a newer one.
+            // Syncs run one at a time, in the order of the loads (the lock is fair), and each
+            // writes the catalog current when it runs, so a slow older sync can never
+            // overwrite a newer one.
             let _one_at_a_time = state.catalog_sync.lock().await;
-            let catalog = state.policy.catalog();
+            let current = state.policy.catalog();
             if let Err(e) =
-                db::catalog::sync(&state.db, &catalog, &state.settings.instance_origin()).await
+                db::catalog::sync(&state.db, &current, &state.settings.instance_origin()).await
             {
                 tracing::warn!(error = %e, "writing the catalog to the database failed");
             }
+            drop(current);
+            // But every load's own changes are recorded, even one superseded before this
+            // ran: a definition that was on disk for a moment and was loaded is held and
+            // recorded, and files changed and restored leave their row.
             state.record_pin_changes(&catalog).await;
+            if let Err(e) = db::pins::record_restored(&state.db, catalog.restored()).await {
+                tracing::warn!(error = %e, "recording restored tool files failed");
+            }
         });
         n
     }
@@ -348,14 +380,22 @@ impl AppState {
                             "tool definitions changed in pinned groups: held until an admin approves them"
                         );
                     }
+                    if d.upgraded > 0 {
+                        tracing::warn!(
+                            tools = d.upgraded,
+                            "carried approvals over to the new form of the pin hash, which also covers each operation's responses, method and path and the group's x-toolgate-* settings, as served now (recorded as approved by `hash-upgrade`)"
+                        );
+                    }
                     if d.first_use > 0 {
                         tracing::info!(
                             tools = d.first_use,
                             "approved the first listing of an upstream group (trust on first use)"
                         );
-                        if let Err(e) = self.reload_policy().await {
-                            tracing::warn!(error = %e, "policy reload failed");
-                        }
+                    }
+                    if (d.first_use > 0 || d.upgraded > 0)
+                        && let Err(e) = self.reload_policy().await
+                    {
+                        tracing::warn!(error = %e, "policy reload failed");
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "recording held tool definitions failed"),
@@ -663,7 +703,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }
         });
     }
-    crate::audit::checkpoint::spawn_publisher(
+    let checkpoints = crate::audit::checkpoint::spawn_publisher(
         state.db.clone(),
         args.audit_checkpoint_key.as_deref(),
         Duration::from_secs(args.audit_checkpoint_secs),
@@ -672,12 +712,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(addr = %listener.local_addr()?, issuer = %settings.issuer, "toolgate listening");
     let drain = Drain::from_args(&args);
     let stop_accepting = tokio_util::sync::CancellationToken::new();
-    let server = axum::serve(
+    // axum::serve's loop, with the header and body timeouts and the per-source connection cap.
+    let server = crate::listen::serve(
         listener,
-        router(state.clone()).into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(stop_accepting.clone().cancelled_owned());
-    let mut server = std::pin::pin!(server.into_future());
+        router(state.clone()),
+        crate::listen::Bounds::from_settings(&settings),
+        stop_accepting.clone(),
+    );
+    let mut server = std::pin::pin!(server);
     tokio::select! {
         r = &mut server => {
             r?;
@@ -685,7 +727,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         () = shutdown_signal() => {}
     }
-    drain.run(&state, server, stop_accepting).await
+    drain
+        .run(&state, server, stop_accepting, checkpoints.as_ref())
+        .await
 }
 
 /// How often used assertion ids and idle sign-in throttles are deleted.
@@ -707,7 +751,8 @@ pub async fn prune_shared_state(db: &PgPool) -> sqlx::Result<(u64, u64)> {
 /// 2. for the grace period, new requests are still served, while load balancers notice;
 /// 3. the listener closes; requests in flight run to their end (their audit rows are durable
 ///    before they answer);
-/// 4. the audit log is flushed (events recorded without waiting, such as refused sign-ins);
+/// 4. the audit log is flushed (events recorded without waiting, such as refused sign-ins),
+///    and, with a checkpoint key, a checkpoint is signed over the last rows;
 /// 5. the process exits. Whatever is still running at the drain deadline is abandoned, with
 ///    an error logged; scripts die with the process.
 struct Drain {
@@ -735,6 +780,7 @@ impl Drain {
         state: &AppState,
         mut server: std::pin::Pin<&mut F>,
         stop_accepting: tokio_util::sync::CancellationToken,
+        checkpoints: Option<&crate::audit::checkpoint::Publisher>,
     ) -> anyhow::Result<()>
     where
         F: std::future::Future<Output = std::io::Result<()>>,
@@ -780,6 +826,8 @@ impl Drain {
                 );
             }
         }
+        // The counts of refusals still being summarised go out with the last flush.
+        state.refusals.flush();
         match tokio::time::timeout_at(deadline, state.audit.flush()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -789,6 +837,27 @@ impl Drain {
             Err(_) => {
                 clean = false;
                 tracing::error!("drain deadline reached: the audit log was not flushed in time");
+            }
+        }
+        // The rows since the last periodic checkpoint would otherwise stay unsigned for good.
+        if let Some(p) = checkpoints {
+            match tokio::time::timeout_at(deadline, p.sign_now()).await {
+                Ok(Ok(c)) => {
+                    tracing::info!(
+                        checkpoint = c.and_then(|c| c.id),
+                        "draining: the last audit rows are signed"
+                    );
+                }
+                Ok(Err(e)) => {
+                    clean = false;
+                    tracing::error!(error = %e, "the last audit checkpoint could not be signed");
+                }
+                Err(_) => {
+                    clean = false;
+                    tracing::error!(
+                        "drain deadline reached: the last audit checkpoint was not signed"
+                    );
+                }
             }
         }
         if !clean {

@@ -323,14 +323,16 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string(&c)?);
             Ok(ExitCode::SUCCESS)
         }
-        AuditCommand::Checkpoints { db: db_args } => {
+        AuditCommand::Checkpoints { db: db_args, after } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             let mut conn = pool.acquire().await?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            for c in db::audit::checkpoints(&mut conn).await? {
+            db::audit::each_checkpoint::<anyhow::Error>(&mut conn, after, |c| {
                 serde_json::to_writer(&mut out, &c)?;
                 out.write_all(b"\n")?;
-            }
+                Ok(())
+            })
+            .await?;
             out.flush()?;
             Ok(ExitCode::SUCCESS)
         }
@@ -343,28 +345,39 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Checkpoints in JSONL, as `audit checkpoints` prints them.
+/// Checkpoints in JSONL, as `audit checkpoints` prints them: the ones a verifier needs (a
+/// copy kept for years holds one every few seconds of activity).
 fn read_checkpoints(
     path: &std::path::Path,
 ) -> anyhow::Result<Vec<crate::audit::checkpoint::SignedCheckpoint>> {
-    let text = std::fs::read_to_string(path)
+    use std::io::BufRead;
+    let file = std::fs::File::open(path)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(n, l)| {
-            serde_json::from_str(l)
-                .map_err(|e| anyhow::anyhow!("{}:{}: not a checkpoint: {e}", path.display(), n + 1))
-        })
-        .collect()
+    let mut needed = crate::audit::checkpoint::Needed::default();
+    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        needed.offer(
+            serde_json::from_str(&line).map_err(|e| {
+                anyhow::anyhow!("{}:{}: not a checkpoint: {e}", path.display(), n + 1)
+            })?,
+        );
+    }
+    Ok(needed.into_vec())
 }
 
+/// The checkpoints of two sources (the log's and a copy kept elsewhere), each once, and of
+/// those only the ones a verifier needs.
 fn dedup(
     mut cs: Vec<crate::audit::checkpoint::SignedCheckpoint>,
 ) -> Vec<crate::audit::checkpoint::SignedCheckpoint> {
     let mut seen = std::collections::HashSet::new();
     cs.retain(|c| seen.insert(c.signature.clone()));
-    cs
+    cs.into_iter()
+        .collect::<crate::audit::checkpoint::Needed>()
+        .into_vec()
 }
 
 /// Verifies a JSONL export offline: its header (filter, heads, ledger, checkpoints), rows

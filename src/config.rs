@@ -94,6 +94,8 @@ pub struct DbArgs {
 pub struct ServeArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    #[command(flatten)]
+    pub perimeter: PerimeterArgs,
     /// Address to listen on.
     #[arg(long, env = "TOOLGATE_BIND", default_value = "127.0.0.1:8787")]
     pub bind: SocketAddr,
@@ -155,6 +157,11 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub script_read_paths: Vec<PathBuf>,
+    /// Where the gateway keeps its read-only copies of the scripts it loaded and hashed (calls
+    /// run these, not the tools folder's files); a directory of this process is made inside.
+    /// Default: the system temporary directory. Must not be writable by tool authors.
+    #[arg(long, env = "TOOLGATE_SCRIPT_COPIES_DIR")]
+    pub script_copies_dir: Option<PathBuf>,
     /// How many copies of one tool may run at once.
     #[arg(long, env = "TOOLGATE_MAX_CONCURRENCY_PER_TOOL", default_value_t = 8)]
     pub max_concurrency_per_tool: usize,
@@ -165,8 +172,9 @@ pub struct ServeArgs {
     /// it out of the database; without it, a re-hashed chain cannot be detected.
     #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_KEY")]
     pub audit_checkpoint_key: Option<PathBuf>,
-    /// Seconds between signed audit checkpoints.
-    #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_SECS", default_value_t = 300)]
+    /// Longest time, in seconds, a new audit row waits to be covered by a signed checkpoint
+    /// (nothing is signed while no row arrives; a drain signs the last rows).
+    #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_SECS", default_value_t = 5)]
     pub audit_checkpoint_secs: u64,
     /// After SIGTERM, the seconds within which the process exits: calls in flight finish and
     /// the audit log is flushed first; whatever is still running then is abandoned.
@@ -297,6 +305,32 @@ pub struct OidcArgs {
         value_delimiter = ','
     )]
     pub oidc_role_map: Vec<String>,
+}
+
+/// What a client that has proved nothing may hold: time to send a request, connections, and
+/// rows in the audit log.
+#[derive(Debug, Clone, Args)]
+pub struct PerimeterArgs {
+    /// Seconds a client has to send a request's headers; also how long an idle keep-alive
+    /// connection is kept (a trusted proxy's: at least 90, longer than nginx keeps its own).
+    #[arg(long, env = "TOOLGATE_HEADER_READ_TIMEOUT_SECS", default_value_t = 30)]
+    pub header_read_timeout_secs: u64,
+    /// Seconds a client has to send a request's whole body, counted from its headers; a body
+    /// still arriving then is answered 408 and its connection closed.
+    #[arg(long, env = "TOOLGATE_REQUEST_BODY_TIMEOUT_SECS", default_value_t = 30)]
+    pub request_body_timeout_secs: u64,
+    /// Connections one source address (an IPv6 /64) may hold open at once; more are closed as
+    /// soon as they are accepted. Trusted proxies are exempt. 0: no limit.
+    #[arg(
+        long,
+        env = "TOOLGATE_MAX_CONNECTIONS_PER_SOURCE",
+        default_value_t = 256
+    )]
+    pub max_connections_per_source: usize,
+    /// Seconds over which identical refusals from one source (bad tokens, wrong secrets) are
+    /// written to the audit log as their first row and one row with their count.
+    #[arg(long, env = "TOOLGATE_REFUSAL_SUMMARY_SECS", default_value_t = 60)]
+    pub refusal_summary_secs: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -520,6 +554,9 @@ pub enum AuditCommand {
     Checkpoints {
         #[command(flatten)]
         db: DbArgs,
+        /// Only checkpoints with an id above this one (to append to a copy kept elsewhere).
+        #[arg(long)]
+        after: Option<i64>,
     },
     /// Drop audit partitions older than the retention period, recording each drop (run as
     /// the database owner when the serving role may not drop tables).

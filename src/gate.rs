@@ -83,9 +83,11 @@ impl Outcome {
             Outcome::Upstream(Ok(r)) if r.is_error == Some(true) => "tool_error",
             Outcome::Upstream(Ok(_)) => "success",
             Outcome::Upstream(Err(UpstreamError::Timeout(..))) => "timeout",
-            Outcome::Upstream(Err(UpstreamError::CircuitOpen(_) | UpstreamError::Down(_))) => {
-                "upstream_unavailable"
-            }
+            Outcome::Upstream(Err(
+                UpstreamError::CircuitOpen(_)
+                | UpstreamError::ToolCircuitOpen(..)
+                | UpstreamError::Down(_),
+            )) => "upstream_unavailable",
             Outcome::Upstream(Err(UpstreamError::Failed(..))) => "upstream_error",
         }
     }
@@ -372,7 +374,12 @@ impl<'a> Gate<'a> {
         let (redacted, secrets, bytes_in, violations) = match &args {
             Ok(args) => {
                 let (redacted, secrets) = audit::redact_collect(args, &tool.audit);
-                let redacted = serde_json::to_string(&redacted).unwrap_or_default();
+                // A redacted value may be repeated under a key that is not (a note quoting the
+                // password, a header built from it): scrubbed there too.
+                let redacted = audit::scrub(
+                    &serde_json::to_string(&redacted).unwrap_or_default(),
+                    &secrets,
+                );
                 let bytes_in = serde_json::to_vec(args)
                     .map(|v| v.len() as i64)
                     .unwrap_or(0);

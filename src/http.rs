@@ -37,7 +37,8 @@ pub fn request_id(req: &axum::http::request::Parts) -> String {
         .to_owned()
 }
 
-fn surface_of(path: &str) -> &'static str {
+/// The surface a path belongs to, as metrics and summarised refusals name it.
+pub fn surface_of(path: &str) -> &'static str {
     match path {
         p if p.starts_with("/mcp") => "mcp",
         p if p.starts_with("/tools/") || p == "/openapi.json" => "rest",
@@ -277,26 +278,55 @@ pub async fn require_agent(
         }
         Err(e) => {
             tracing::debug!(reason = %e, "request refused: invalid token");
-            let mut event = crate::audit::AuditEvent::new(
-                crate::audit::EventKind::AuthRejected,
-                crate::audit::Outcome::Denied,
-            )
-            .from_origin(req.extensions().get::<crate::audit::RequestOrigin>());
+            let origin = req.extensions().get::<crate::audit::RequestOrigin>();
+            // A token that is not valid counts against its source's failure budget, shared
+            // with every credential check; a missing one guesses nothing and is not counted
+            // (it is how every MCP client discovers where to get a token).
+            let limited = if e == TokenError::Missing {
+                None
+            } else {
+                let ip = origin
+                    .and_then(|o| o.remote_addr.as_deref())
+                    .and_then(|a| a.parse().ok());
+                state.limits.bearer_failed(ip).await.err()
+            };
+            let outcome = if limited.is_some() {
+                crate::audit::Outcome::RateLimited
+            } else {
+                crate::audit::Outcome::Denied
+            };
+            let mut event =
+                crate::audit::AuditEvent::new(crate::audit::EventKind::AuthRejected, outcome)
+                    .from_origin(origin);
             event.error = Some(e.to_string());
-            event.resource = Some(req.uri().path().to_owned());
-            // Never let a flood of bad tokens wait on (or be blocked by) the audit log.
-            state.audit.record_detached(event);
+            event.resource = Some(crate::audit::bounded(req.uri().path()));
+            // Never let a flood of bad tokens wait on (or be blocked by) the audit log, nor
+            // write a row each: identical refusals from one source are counted in one.
+            state
+                .refusals
+                .record(event, surface_of(req.uri().path()), e.kind());
             let error = if e == TokenError::Missing {
                 None
             } else {
                 Some("invalid_token")
             };
-            let mut response = (
-                StatusCode::UNAUTHORIZED,
-                [(header::WWW_AUTHENTICATE, bearer_challenge(&state, error))],
-                Json(json!({"error": error.unwrap_or("unauthorized"), "error_description": "a valid bearer access token is required"})),
-            )
-                .into_response();
+            let mut response = match limited {
+                Some(wait) => (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(
+                        header::RETRY_AFTER,
+                        (wait.as_secs_f64().ceil().max(1.0) as u64).to_string(),
+                    )],
+                    Json(json!({"error": "too_many_requests", "error_description": "too many requests with an invalid token from this address; retry later"})),
+                )
+                    .into_response(),
+                None => (
+                    StatusCode::UNAUTHORIZED,
+                    [(header::WWW_AUTHENTICATE, bearer_challenge(&state, error))],
+                    Json(json!({"error": error.unwrap_or("unauthorized"), "error_description": "a valid bearer access token is required"})),
+                )
+                    .into_response(),
+            };
             // An unread request body makes the server drop the keep-alive connection right
             // after this answer, racing the client's next request on it (which then sees a
             // reset, not an answer). Read a small body to its end; refuse to keep a

@@ -15,6 +15,7 @@ pub mod db;
 pub mod gate;
 pub mod http;
 pub mod limits;
+pub mod listen;
 pub mod mcp;
 pub mod metrics;
 pub mod oauth;

@@ -154,7 +154,9 @@ pub fn check_admin_token(
     let mut e = AuditEvent::new(EventKind::ClientAuthFailed, result).from_origin(origin);
     e.resource = Some(endpoint.to_owned());
     e.error = Some(error.to_owned());
-    state.audit.record_detached(e);
+    state
+        .refusals
+        .record(e, crate::http::surface_of(endpoint), error);
     outcome
 }
 

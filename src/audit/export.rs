@@ -219,9 +219,26 @@ pub struct Verification {
     notes: Vec<String>,
     checkpoints_verified: usize,
     newest_checkpoint: Option<chrono::DateTime<chrono::Utc>>,
+    /// Per chain, the furthest row a verified checkpoint signed.
+    signed_through: std::collections::HashMap<String, i64>,
+    /// Per chain, the rows walked past its furthest signed row.
+    unsigned: std::collections::BTreeMap<String, UnsignedTail>,
     digest: Sha256,
     keyed: bool,
 }
+
+/// The rows of one chain newer than any checkpoint: deleting them (and rewriting the head)
+/// cannot be detected, so verify says how many and since when.
+#[derive(Debug, Clone)]
+struct UnsignedTail {
+    first_seq: i64,
+    last_seq: i64,
+    rows: u64,
+    since: chrono::DateTime<chrono::Utc>,
+}
+
+/// Chains named one by one in the unsigned-tail report; the rest are counted.
+const TAIL_CHAINS_SHOWN: usize = 10;
 
 impl Verification {
     /// `expect` is none for an export without a header (written before headers existed).
@@ -242,6 +259,8 @@ impl Verification {
             notes: Vec::new(),
             checkpoints_verified: 0,
             newest_checkpoint: None,
+            signed_through: std::collections::HashMap::new(),
+            unsigned: std::collections::BTreeMap::new(),
             digest: Sha256::new(),
             keyed: key.is_some(),
         };
@@ -266,6 +285,8 @@ impl Verification {
                         );
                         for h in &body.heads {
                             v.verifier.want(&h.chain, h.last_seq, &h.last_hash, &name);
+                            let through = v.signed_through.entry(h.chain.clone()).or_default();
+                            *through = (*through).max(h.last_seq);
                         }
                     }
                     Err(e) => v.problems.push(e),
@@ -279,6 +300,32 @@ impl Verification {
     pub fn row(&mut self, r: &ChainedEvent) {
         self.digest.update(r.hash.as_bytes());
         self.digest.update(b"\n");
+        if self.keyed
+            && self
+                .signed_through
+                .get(&r.chain)
+                .is_none_or(|s| r.chain_seq > *s)
+        {
+            match self.unsigned.get_mut(&r.chain) {
+                Some(t) => {
+                    t.rows += 1;
+                    t.first_seq = t.first_seq.min(r.chain_seq);
+                    t.last_seq = t.last_seq.max(r.chain_seq);
+                    t.since = t.since.min(r.event.at);
+                }
+                None => {
+                    self.unsigned.insert(
+                        r.chain.clone(),
+                        UnsignedTail {
+                            first_seq: r.chain_seq,
+                            last_seq: r.chain_seq,
+                            rows: 1,
+                            since: r.event.at,
+                        },
+                    );
+                }
+            }
+        }
         if self.broken.is_none()
             && let Err(b) = self.verifier.check(r)
         {
@@ -382,10 +429,58 @@ impl Verification {
             if self.checkpoints_verified == 0 {
                 out.push("warning: no checkpoint signed by this key was found: a re-hashed chain, or a log emptied together with its heads, cannot be detected".into());
             }
+            out.extend(self.unsigned_tail());
         } else {
             out.push("warning: no --public-key given, so signed checkpoints were not checked: a chain edited and re-hashed by someone with write access to the database (heads included) cannot be detected".into());
         }
         (ok, out)
+    }
+}
+
+impl Verification {
+    /// "unsigned tail: N rows since T", then the chains they are in: the rows no checkpoint
+    /// covers, whose deletion (with the heads rewritten) a verifier could not see.
+    fn unsigned_tail(&self) -> Vec<String> {
+        let time = |t: chrono::DateTime<chrono::Utc>| {
+            t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        };
+        let rows: u64 = self.unsigned.values().map(|t| t.rows).sum();
+        let Some(since) = self.unsigned.values().map(|t| t.since).min() else {
+            return vec![
+                "unsigned tail: none (every row walked is covered by a signed checkpoint)".into(),
+            ];
+        };
+        let mut out = vec![format!(
+            "unsigned tail: {rows} rows since {} (newer than the last checkpoint of their chain: deleting them with the heads rewritten could not be detected{})",
+            time(since),
+            if self.filter.is_some() {
+                "; counted within this filtered export"
+            } else {
+                ""
+            }
+        )];
+        let mut chains: Vec<(&String, &UnsignedTail)> = self.unsigned.iter().collect();
+        chains.sort_by_key(|(_, t)| std::cmp::Reverse(t.since));
+        for (chain, t) in chains.iter().take(TAIL_CHAINS_SHOWN) {
+            let signed = self.signed_through.get(*chain).map_or_else(
+                || "no row of it is signed".to_owned(),
+                |s| format!("signed through row {s}"),
+            );
+            out.push(format!(
+                "  chain {chain}: {} rows, {} to {}, since {} ({signed})",
+                t.rows,
+                t.first_seq,
+                t.last_seq,
+                time(t.since)
+            ));
+        }
+        if chains.len() > TAIL_CHAINS_SHOWN {
+            out.push(format!(
+                "  and {} more chains",
+                chains.len() - TAIL_CHAINS_SHOWN
+            ));
+        }
+        out
     }
 }
 

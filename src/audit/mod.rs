@@ -7,6 +7,7 @@
 pub mod chain;
 pub mod checkpoint;
 pub mod export;
+pub mod scrub;
 pub mod writer;
 
 use chrono::{DateTime, Utc};
@@ -217,6 +218,8 @@ const ALWAYS_REDACTED: [&str; 4] = ["password", "token", "secret", "authorizatio
 
 pub const REDACTED: &str = "[REDACTED]";
 
+pub use scrub::scrub;
+
 /// Per-group audit settings from `openapi.json` (`x-toolgate-audit`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -288,30 +291,6 @@ fn redact_keys(v: &mut Value, extra: &[String], secrets: &mut Vec<String>) {
             .for_each(|i| redact_keys(i, extra, secrets)),
         _ => {}
     }
-}
-
-/// Secrets shorter than this cannot be replaced inside free text without mangling it (a
-/// one-letter password is in every word): text that contains one is withheld instead.
-const MIN_SCRUBBABLE: usize = 4;
-
-/// `text` (a tool's stderr, error or result) with every value of `secrets` replaced by
-/// `[REDACTED]`, raw or JSON-escaped (a script that echoes its input prints the escaped form).
-pub fn scrub(text: &str, secrets: &[String]) -> String {
-    let mut out = text.to_owned();
-    for secret in secrets {
-        let escaped = serde_json::to_string(secret).unwrap_or_default();
-        let escaped = escaped.trim_matches('"');
-        for form in [secret.as_str(), escaped] {
-            if form.is_empty() || !out.contains(form) {
-                continue;
-            }
-            if form.len() < MIN_SCRUBBABLE {
-                return "[withheld: it may repeat an argument that is redacted]".to_owned();
-            }
-            out = out.replace(form, REDACTED);
-        }
-    }
-    out
 }
 
 /// `s` cut to a length fit for an indexed audit column (a resource name, a route).

@@ -131,6 +131,24 @@ pub enum TokenError {
     AuthorizationRevoked,
 }
 
+impl TokenError {
+    /// The refusal in a few fixed words, whatever the token held (refusals of one kind from
+    /// one source are summarised together, see `limits::refusals`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TokenError::Missing => "no bearer token",
+            TokenError::Malformed(_) => "malformed token",
+            TokenError::Algorithm(_) => "algorithm not accepted",
+            TokenError::Type => "wrong token type",
+            TokenError::UnknownKey => "unknown signing key",
+            TokenError::Invalid(_) => "invalid token",
+            TokenError::Revoked => "token revoked",
+            TokenError::UnknownClient => "token's client gone",
+            TokenError::AuthorizationRevoked => "token's authorization revoked",
+        }
+    }
+}
+
 /// Verifies an access token against the snapshot: signature, `alg`/`typ`, `iss`, `aud`, `exp`,
 /// `nbf` and `iat` (each with [`CLOCK_LEEWAY_SECS`]), then that its `jti` is not revoked and
 /// its client still exists for its agent.

@@ -450,24 +450,43 @@ pub async fn insert_checkpoint(pool: &PgPool, c: &SignedCheckpoint) -> sqlx::Res
     .await
 }
 
-/// Every stored checkpoint, oldest first.
-pub async fn checkpoints(conn: &mut PgConnection) -> sqlx::Result<Vec<SignedCheckpoint>> {
-    Ok(
-        sqlx::query_as::<_, (i64, DateTime<Utc>, String, String, String)>(
-            "SELECT id, at, key_id, body, signature FROM audit_checkpoints ORDER BY id",
-        )
-        .fetch_all(&mut *conn)
-        .await?
-        .into_iter()
-        .map(|(id, at, key_id, body, signature)| SignedCheckpoint {
+/// Calls `each` on every stored checkpoint with an id above `after`, oldest first, one row
+/// in memory at a time (a serving instance signs one every few seconds while rows arrive).
+pub async fn each_checkpoint<E: From<sqlx::Error>>(
+    conn: &mut PgConnection,
+    after: Option<i64>,
+    mut each: impl FnMut(SignedCheckpoint) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut rows = sqlx::query_as::<_, (i64, DateTime<Utc>, String, String, String)>(
+        "SELECT id, at, key_id, body, signature FROM audit_checkpoints WHERE id > $1 ORDER BY id",
+    )
+    .bind(after.unwrap_or(0))
+    .fetch(&mut *conn);
+    while let Some(row) = rows.next().await {
+        let (id, at, key_id, body, signature) = row?;
+        each(SignedCheckpoint {
             id: Some(id),
             at,
             key_id,
             body,
             signature,
-        })
-        .collect(),
-    )
+        })?;
+    }
+    Ok(())
+}
+
+/// The stored checkpoints a verifier needs (see [`Needed`]): per key and chain, the one
+/// that signed the chain furthest.
+///
+/// [`Needed`]: crate::audit::checkpoint::Needed
+pub async fn needed_checkpoints(conn: &mut PgConnection) -> sqlx::Result<Vec<SignedCheckpoint>> {
+    let mut needed = crate::audit::checkpoint::Needed::default();
+    each_checkpoint::<sqlx::Error>(conn, None, |c| {
+        needed.offer(c);
+        Ok(())
+    })
+    .await?;
+    Ok(needed.into_vec())
 }
 
 /// An export or a verification pass: first what must exist (read in the same snapshot as
@@ -493,7 +512,7 @@ pub fn snapshot(
                 .execute(&mut *conn)
                 .await?;
             let expect = expectations(&mut conn).await?;
-            let checkpoints = checkpoints(&mut conn).await?;
+            let checkpoints = needed_checkpoints(&mut conn).await?;
             if tx
                 .send(Ok(Snapshot::Expect(Box::new((expect, checkpoints)))))
                 .await

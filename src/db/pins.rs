@@ -18,6 +18,10 @@ use crate::pool::{Catalog, Tool, ToolSource};
 /// Who approves the first listing of an upstream group that never had an approval.
 pub const FIRST_USE: &str = "first-use";
 
+/// Who carries an approval made under the first form of a script tool's hash over to the
+/// second, when the tool's content is still the one approved (see [`detect`]).
+pub const HASH_UPGRADE: &str = "hash-upgrade";
+
 /// The groups pinned now: `groups.yaml` (or the API) says `pin: true`, or the group is an
 /// upstream whose spec does not say `pin: false` and `groups.yaml` says nothing.
 const PINNED_GROUPS: &str = "SELECT name FROM tool_groups WHERE pin
@@ -109,12 +113,22 @@ pub struct Detected {
     pub held: usize,
     /// Tools of upstream groups approved on first use.
     pub first_use: usize,
+    /// Approvals carried over from the first form of the script hash to the second.
+    pub upgraded: usize,
 }
 
 /// Records, for every tool of a pinned group in `catalog` whose hash is not approved, a pending
 /// row with its `tool.definition_changed` event, once however many instances see it; the
 /// first listing of an upstream group that never had an approval or a pending definition is
 /// approved as `first-use` instead (trust on first use).
+///
+/// A script tool whose approval was made under the first form of the hash (which covered the
+/// MCP definition and the files, not the whole operation nor the group's settings), and whose
+/// content is still the approved one under that form, has its approval carried over to the
+/// second form, as `hash-upgrade`, with its `tool.definition_approved` event: an upgrade of
+/// the gateway does not take every pinned tool offline, and what it newly covers (responses,
+/// method, path, settings) is approved as it is served at that moment, as when a group is
+/// pinned. A pending definition of the first form becomes the same definition of the second.
 ///
 /// Writes nothing when nothing is new, so calling it after every reload is cheap.
 pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> {
@@ -167,6 +181,55 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
         let previous = approved.get(name);
         if previous.is_some_and(|(h, _)| *h == t.content_hash) {
             continue;
+        }
+        if previous.is_some() && !pending.contains(&(name.to_owned(), t.content_hash.hex())) {
+            // Read only here: a tool whose approval is not for its hash, once.
+            if let Some(legacy) = crate::pool::loader::legacy_hash(t) {
+                let legacy = legacy.hex();
+                if previous.is_some_and(|(h, _)| *h == legacy) {
+                    let carried = sqlx::query(
+                        "UPDATE tool_approvals SET content_hash = $3, definition = $4,
+                             approved_by = $5, approved_at = now()
+                         WHERE name = $1 AND content_hash = $2",
+                    )
+                    .bind(name)
+                    .bind(&legacy)
+                    .bind(t.content_hash.hex())
+                    .bind(t.definition())
+                    .bind(HASH_UPGRADE)
+                    .execute(&mut *tx)
+                    .await?;
+                    if carried.rows_affected() == 1 {
+                        audit(
+                            &mut tx,
+                            EventKind::ToolDefinitionApproved,
+                            name,
+                            Some(HASH_UPGRADE),
+                            json!({"group": t.group(), "hash": t.content_hash,
+                                   "previous_hash": legacy, "hash_upgrade": true,
+                                   "source": source_word(t)}),
+                        )
+                        .await?;
+                        done.upgraded += 1;
+                    }
+                    continue;
+                }
+                // Held under the first form: the same definition, held under the second.
+                let moved = sqlx::query(
+                    "UPDATE tool_pending SET content_hash = $3, definition = $4
+                     WHERE name = $1 AND content_hash = $2
+                       AND NOT EXISTS (SELECT 1 FROM tool_pending WHERE name = $1 AND content_hash = $3)",
+                )
+                .bind(name)
+                .bind(&legacy)
+                .bind(t.content_hash.hex())
+                .bind(t.definition())
+                .execute(&mut *tx)
+                .await?;
+                if moved.rows_affected() == 1 {
+                    continue;
+                }
+            }
         }
         let upstream = matches!(t.source, ToolSource::Upstream { .. });
         if upstream && !known.contains(t.group()) {
@@ -227,6 +290,36 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
     }
     tx.commit().await?;
     Ok(done)
+}
+
+/// Records a `tool.definition_changed` event for each tool of a pinned group whose files were
+/// changed on disk and restored between two loads (see [`crate::pool::Restored`]): the content
+/// is the one it had, so nothing is held, but the change happened and is on record, with the
+/// files it touched.
+pub async fn record_restored(
+    pool: &PgPool,
+    restored: &[crate::pool::Restored],
+) -> sqlx::Result<()> {
+    if restored.is_empty() {
+        return Ok(());
+    }
+    let mut tx = pool.begin().await?;
+    let pinned = pinned_groups(&mut tx).await?;
+    for r in restored.iter().filter(|r| pinned.contains(r.tool.group())) {
+        let t = &r.tool;
+        audit(
+            &mut tx,
+            EventKind::ToolDefinitionChanged,
+            t.name.as_str(),
+            None,
+            json!({"group": t.group(), "previous_hash": t.content_hash,
+                   "new_hash": t.content_hash, "source": source_word(t),
+                   "restored": true, "files": r.files,
+                   "note": "changed on disk and restored before the next load: the content is the one it had"}),
+        )
+        .await?;
+    }
+    tx.commit().await
 }
 
 /// Approves what `group` serves now, recorded as approved by `actor`: the baseline a group

@@ -5,13 +5,21 @@
 //! The agent limits are counted in Redis when a store is configured ([`SharedStore`]), so
 //! every instance draws on one budget; otherwise, and while the store is down in the `open`
 //! failure mode, in this process, where each instance enforces the limit on its own share of
-//! the traffic. The credential and token-endpoint limits are always per instance.
+//! the traffic. Failed credential checks are counted in this process first (so a burst of
+//! concurrent guesses is charged before any is checked) and, with a store, in Redis too: a
+//! source that spent its budget on one instance is refused on the next instance it fails on.
+//! The token-endpoint request limit is per instance.
+//!
+//! Every map keyed by something a stranger chooses (a source address, a client id) is bounded:
+//! when full, the entries closest to having recovered are forgotten first, so a spray of
+//! sources can cost a stranger its own budget but never refuse a source it has not touched.
 
 pub mod rate;
+pub mod refusals;
 mod shared;
 
 use std::collections::HashMap;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
@@ -53,25 +61,36 @@ pub enum Refusal {
 
 pub struct RateLimits {
     agents: Mutex<HashMap<Key, (RateLimitRecord, Arc<DefaultDirectRateLimiter>)>>,
-    shared: Option<SharedStore>,
+    shared: Option<Arc<SharedStore>>,
     token_ip: DefaultKeyedRateLimiter<IpAddr>,
-    failed_by_ip: Failures<IpAddr>,
-    failed_by_client: Failures<String>,
+    failed_by_ip: Arc<Failures<IpAddr>>,
+    /// Keyed by a keyed hash of the client id: a stranger's 10,000 made-up client ids cost
+    /// eight bytes each here, not their text.
+    failed_by_client: Failures<u64>,
+    client_hasher: std::collections::hash_map::RandomState,
+    /// (client id hash, source) pairs that authenticated recently: such a source is not held
+    /// back by its client id's failure budget, which a stranger elsewhere may have spent.
+    known_good: Mutex<HashMap<(u64, IpAddr), Instant>>,
     clock: DefaultClock,
 }
 
 /// Failed credential checks one source IP may make at once, then one more per second. One
 /// budget for every endpoint that checks a credential (`/oauth/token`, `/oauth/revoke`,
-/// `/oauth/introspect`, the admin API), so spreading guesses over them gains nothing.
+/// `/oauth/introspect`, the admin API) or a bearer token (`/mcp`, the REST tools), so spreading
+/// guesses over them gains nothing.
 pub const FAILURES_PER_IP: (u32, Duration) = (20, Duration::from_secs(1));
 /// Failed checks against one client id at once, then one more every 2 s: bounds the guesses at
 /// one client's secret however many addresses the guesser has.
 pub const FAILURES_PER_CLIENT: (u32, Duration) = (10, Duration::from_secs(2));
-/// Distinct sources remembered per failure limiter; beyond it, new sources are refused until
-/// old ones have recovered (a spray of addresses must not grow memory without bound).
+/// Distinct keys remembered per failure limiter (about 40 bytes each); beyond it, the keys
+/// closest to having recovered are forgotten, a tenth at a time.
 const MAX_TRACKED: usize = 100_000;
-/// Client ids are attacker-chosen text: only this much of one is a key.
-const MAX_CLIENT_KEY: usize = 128;
+/// Sources remembered as having authenticated a client, and for how long.
+const MAX_KNOWN_GOOD: usize = 10_000;
+const KNOWN_GOOD_FOR: Duration = Duration::from_secs(24 * 3600);
+/// Token-endpoint sources remembered before idle ones are forgotten (besides the periodic
+/// shrink).
+const MAX_TOKEN_SOURCES: usize = 100_000;
 
 /// A generic cell rate algorithm per key, written out because the check must be charged up
 /// front and refunded on success, which `governor` cannot do: charging only after a failure
@@ -96,10 +115,7 @@ impl<K: Eq + Hash + Clone> Failures<K> {
     fn charge(&self, key: &K, now: Instant) -> Result<(), Duration> {
         let mut map = self.tat.lock().unwrap_or_else(|p| p.into_inner());
         if map.len() >= MAX_TRACKED && !map.contains_key(key) {
-            map.retain(|_, tat| *tat > now);
-            if map.len() >= MAX_TRACKED {
-                return Err(self.every);
-            }
+            evict(&mut map, now);
         }
         let tat = map.get(key).copied().unwrap_or(now).max(now);
         let next = tat + self.every;
@@ -119,10 +135,52 @@ impl<K: Eq + Hash + Clone> Failures<K> {
         }
     }
 
+    /// Refuses `key` until `until` (another instance saw it spend its budget).
+    fn block_until(&self, key: &K, until: Instant) {
+        let mut map = self.tat.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= MAX_TRACKED && !map.contains_key(key) {
+            evict(&mut map, Instant::now());
+        }
+        // At `until` the next charge is admitted again: tat + every - until = window.
+        let tat = (until + self.every * self.burst).checked_sub(self.every);
+        if let Some(tat) = tat {
+            let entry = map.entry(key.clone()).or_insert(tat);
+            *entry = (*entry).max(tat);
+        }
+    }
+
     fn shrink(&self, now: Instant) {
         let mut map = self.tat.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, tat| *tat > now);
     }
+
+    fn len(&self) -> usize {
+        self.tat.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// Makes room in a full map: the recovered keys go, and if that is not a tenth of it, the
+/// tenth closest to recovering (the least charged) goes too. A new key is never refused for
+/// want of room: that would let a spray of made-up sources lock out everyone else.
+fn evict<K: Eq + Hash + Clone>(map: &mut HashMap<K, Instant>, now: Instant) {
+    map.retain(|_, tat| *tat > now);
+    let room = MAX_TRACKED / 10;
+    if map.len() + room <= MAX_TRACKED {
+        return;
+    }
+    let mut tats: Vec<Instant> = map.values().copied().collect();
+    let cut = map.len() + room - MAX_TRACKED;
+    let (_, nth, _) = tats.select_nth_unstable(cut.saturating_sub(1));
+    let nth = *nth;
+    let mut left = cut;
+    map.retain(|_, tat| {
+        if left > 0 && *tat <= nth {
+            left -= 1;
+            false
+        } else {
+            true
+        }
+    });
 }
 
 /// The address a failure is charged to: IPv6 by /64, since one host usually holds a whole /64.
@@ -139,31 +197,52 @@ pub fn source_key(ip: IpAddr) -> IpAddr {
 
 /// One credential check in progress, already counted as a failure against its source and
 /// client id; [`CredentialAttempt::succeeded`] takes that back. Dropping it unsettled (a wrong
-/// credential, or a request abandoned halfway) leaves the failure counted.
+/// credential, or a request abandoned halfway) leaves the failure counted, and tells the
+/// shared store when there is one.
 #[must_use = "a credential attempt counts as failed unless `succeeded` is called"]
 pub struct CredentialAttempt<'a> {
     limits: &'a RateLimits,
     ip: Option<IpAddr>,
-    client: Option<String>,
+    client: Option<u64>,
+    /// Whether the client id's budget was charged (a known-good source past it is not).
+    client_charged: bool,
+    settled: bool,
 }
 
 impl CredentialAttempt<'_> {
-    /// The credential was right: no failure is counted.
-    pub fn succeeded(self) {
+    /// The credential was right: no failure is counted, and the source is remembered as one
+    /// this client authenticates from.
+    pub fn succeeded(mut self) {
+        if let (Some(c), Some(ip)) = (self.client, self.ip) {
+            self.limits.remember_good(c, ip);
+        }
         self.refund();
     }
 
     /// The check could not be made (overload, database down): no failure is counted.
-    pub fn not_checked(self) {
+    pub fn not_checked(mut self) {
         self.refund();
     }
 
-    fn refund(self) {
+    fn refund(&mut self) {
+        self.settled = true;
         if let Some(ip) = &self.ip {
             self.limits.failed_by_ip.refund(ip);
         }
-        if let Some(c) = &self.client {
+        if let Some(c) = &self.client
+            && self.client_charged
+        {
             self.limits.failed_by_client.refund(c);
+        }
+    }
+}
+
+impl Drop for CredentialAttempt<'_> {
+    fn drop(&mut self) {
+        if !self.settled
+            && let Some(ip) = self.ip
+        {
+            self.limits.share_failure(ip);
         }
     }
 }
@@ -174,7 +253,7 @@ impl RateLimits {
         Self::with_store(token_per_second, token_burst, None)
     }
 
-    /// Agent limits counted in `shared` when given.
+    /// Agent limits, and the failures of each source, counted in `shared` when given.
     pub fn with_store(
         token_per_second: u32,
         token_burst: u32,
@@ -182,16 +261,44 @@ impl RateLimits {
     ) -> Self {
         Self {
             agents: Mutex::new(HashMap::new()),
-            shared,
+            shared: shared.map(Arc::new),
             token_ip: RateLimiter::keyed(quota(token_per_second, token_burst)),
-            failed_by_ip: Failures::new(FAILURES_PER_IP),
+            failed_by_ip: Arc::new(Failures::new(FAILURES_PER_IP)),
             failed_by_client: Failures::new(FAILURES_PER_CLIENT),
+            client_hasher: std::collections::hash_map::RandomState::new(),
+            known_good: Mutex::new(HashMap::new()),
             clock: DefaultClock::default(),
         }
     }
 
+    fn client_key(&self, client_id: &str) -> u64 {
+        self.client_hasher.hash_one(client_id)
+    }
+
+    fn remember_good(&self, client: u64, ip: IpAddr) {
+        let now = Instant::now();
+        let mut map = self.known_good.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= MAX_KNOWN_GOOD && !map.contains_key(&(client, ip)) {
+            map.retain(|_, at| now.duration_since(*at) < KNOWN_GOOD_FOR);
+            if map.len() >= MAX_KNOWN_GOOD {
+                // Only sources that proved a credential get here: forgetting them all costs
+                // each one, at worst, a wait behind its client id's budget.
+                map.clear();
+            }
+        }
+        map.insert((client, ip), now);
+    }
+
+    fn is_known_good(&self, client: u64, ip: IpAddr) -> bool {
+        let map = self.known_good.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(&(client, ip))
+            .is_some_and(|at| at.elapsed() < KNOWN_GOOD_FOR)
+    }
+
     /// Admits one credential check from `ip` for `client_id` (either may be unknown), before
     /// any work is done for it; the wait before retrying when either has failed too often.
+    /// A source that authenticated this client recently is not held back by the client id's
+    /// budget: a stranger failing against a client id elsewhere cannot lock its agent out.
     pub fn credential_attempt(
         &self,
         ip: Option<IpAddr>,
@@ -199,21 +306,69 @@ impl RateLimits {
     ) -> Result<CredentialAttempt<'_>, Duration> {
         let now = Instant::now();
         let ip = ip.map(source_key);
-        let client = client_id.map(|c| c.chars().take(MAX_CLIENT_KEY).collect::<String>());
+        let client = client_id.map(|c| self.client_key(c));
         if let Some(ip) = &ip {
             self.failed_by_ip.charge(ip, now)?;
         }
-        if let Some(c) = &client
-            && let Err(wait) = self.failed_by_client.charge(c, now)
-        {
-            // Not admitted: the source is charged for the try, the client id is not.
-            return Err(wait);
+        let mut client_charged = false;
+        if let Some(c) = &client {
+            match self.failed_by_client.charge(c, now) {
+                Ok(()) => client_charged = true,
+                Err(_) if ip.is_some_and(|ip| self.is_known_good(*c, ip)) => {}
+                // Not admitted: the source is charged for the try, the client id is not.
+                Err(wait) => return Err(wait),
+            }
         }
         Ok(CredentialAttempt {
             limits: self,
             ip,
             client,
+            client_charged,
+            settled: false,
         })
+    }
+
+    /// Counts a failed bearer-token check from `ip` (a request with a token that is not
+    /// valid), here and in the shared store; the wait before retrying when the source's budget
+    /// is spent. A valid token is never counted, nor refused for its source's failures.
+    pub async fn bearer_failed(&self, ip: Option<IpAddr>) -> Result<(), Duration> {
+        let Some(ip) = ip.map(source_key) else {
+            return Ok(());
+        };
+        self.failed_by_ip.charge(&ip, Instant::now())?;
+        if let Some(shared) = &self.shared
+            && let Some(Err(wait)) = shared.charge_failure(ip, FAILURES_PER_IP).await
+        {
+            self.failed_by_ip.block_until(&ip, Instant::now() + wait);
+            return Err(wait);
+        }
+        Ok(())
+    }
+
+    /// Tells the shared store of a failure charged here, without waiting for it; if the
+    /// store says the source's budget is spent across instances, it is refused here too.
+    fn share_failure(&self, ip: IpAddr) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let local = self.failed_by_ip.clone();
+        runtime.spawn(async move {
+            if let Some(Err(wait)) = shared.charge_failure(ip, FAILURES_PER_IP).await {
+                local.block_until(&ip, Instant::now() + wait);
+            }
+        });
+    }
+
+    /// How many keys the failure limiters and the token limiter hold (for tests and metrics).
+    pub fn tracked(&self) -> (usize, usize, usize) {
+        (
+            self.failed_by_ip.len(),
+            self.failed_by_client.len(),
+            self.token_ip.len(),
+        )
     }
 
     fn limiter(&self, agent: &str, limit: &RateLimitRecord) -> Arc<DefaultDirectRateLimiter> {
@@ -272,10 +427,14 @@ impl RateLimits {
         if wait.is_zero() { Ok(()) } else { Err(wait) }
     }
 
-    /// Against client-secret guessing on `/oauth/token`.
+    /// Against client-secret guessing on `/oauth/token`; IPv6 counted per /64 like failures,
+    /// so one host cannot make a key of every address it holds.
     pub fn check_token_ip(&self, ip: IpAddr) -> Result<(), Duration> {
+        if self.token_ip.len() >= MAX_TOKEN_SOURCES {
+            self.token_ip.retain_recent();
+        }
         self.token_ip
-            .check_key(&ip)
+            .check_key(&source_key(ip))
             .map_err(|n| n.wait_time_from(self.clock.now()))
     }
 
@@ -388,6 +547,58 @@ mod tests {
         }
         let same_64: IpAddr = "2001:db8::ffff".parse().unwrap();
         assert!(limits.credential_attempt(Some(same_64), None).is_err());
+    }
+
+    /// A spray of made-up sources fills the map: a source it never touched is still let in,
+    /// and the map stays within its bound.
+    #[test]
+    fn a_spray_of_sources_never_locks_out_a_new_one() {
+        let limits = RateLimits::new(10, 10);
+        for i in 0..(MAX_TRACKED as u32 + 5_000) {
+            let ip = IpAddr::V6(std::net::Ipv6Addr::from(u128::from(i) << 64));
+            let _failed = limits.credential_attempt(Some(ip), None);
+        }
+        assert!(limits.tracked().0 <= MAX_TRACKED, "{:?}", limits.tracked());
+        let newcomer: IpAddr = "203.0.113.77".parse().unwrap();
+        assert!(limits.credential_attempt(Some(newcomer), None).is_ok());
+    }
+
+    /// Ten thousand made-up client ids, each from its own source: eight bytes of key each.
+    #[test]
+    fn made_up_client_ids_cost_a_bounded_key_each() {
+        let limits = RateLimits::new(10, 10);
+        for i in 0..10_000u32 {
+            let ip = IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 | i));
+            let id = format!("tgc_{}{i}", "x".repeat(4000));
+            let _failed = limits.credential_attempt(Some(ip), Some(&id));
+        }
+        assert_eq!(limits.tracked().1, 10_000);
+        assert_eq!(
+            std::mem::size_of::<(u64, Instant)>(),
+            24,
+            "a client key and its time"
+        );
+    }
+
+    #[test]
+    fn a_source_that_authenticated_a_client_passes_its_spent_budget() {
+        let limits = RateLimits::new(10, 10);
+        let home: IpAddr = "192.0.2.1".parse().unwrap();
+        limits
+            .credential_attempt(Some(home), Some("tgc_a"))
+            .unwrap()
+            .succeeded();
+        for i in 0..FAILURES_PER_CLIENT.0 + 2 {
+            let ip: IpAddr = format!("198.51.100.{i}").parse().unwrap();
+            let _failed = limits.credential_attempt(Some(ip), Some("tgc_a"));
+        }
+        let stranger: IpAddr = "203.0.113.1".parse().unwrap();
+        assert!(
+            limits
+                .credential_attempt(Some(stranger), Some("tgc_a"))
+                .is_err()
+        );
+        assert!(limits.credential_attempt(Some(home), Some("tgc_a")).is_ok());
     }
 
     #[tokio::test]

@@ -150,6 +150,29 @@ impl SharedStore {
         format!("{}{{{agent}}}:{}", self.prefix, pattern.unwrap_or("*"))
     }
 
+    /// Charges one failed credential or token check to `source` (a /64 for IPv6) against a
+    /// budget of `burst` at once and one more per `every`, counted across every instance:
+    /// `Some(Err(wait))` when the source has spent it, `None` when the store could not say in
+    /// time (the caller then counts in this process alone).
+    pub(super) async fn charge_failure(
+        &self,
+        source: std::net::IpAddr,
+        (burst, every): (u32, Duration),
+    ) -> Option<Result<(), Duration>> {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        if self.down.load(Ordering::Relaxed) && now < self.retry_at.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut invocation = self.script.prepare_invoke();
+        // Its own hash tag, apart from every agent's: `{failed:<source>}` cannot be an
+        // agent's `{<agent>}:<pattern>` key.
+        invocation
+            .key(format!("{}{{failed:{source}}}", self.prefix))
+            .arg(every.as_micros().max(1) as u64)
+            .arg(burst.max(1));
+        self.run(invocation, now).await
+    }
+
     /// Takes one request from every limit in `applying`: `Some(Ok)` admitted, `Some(Err(wait))`
     /// refused, `None` when the store could not say in time.
     pub(super) async fn check(
@@ -169,6 +192,14 @@ impl SharedStore {
                 .arg(l.limit.interval_micros())
                 .arg(l.limit.burst());
         }
+        self.run(invocation, now).await
+    }
+
+    async fn run(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+        now: u64,
+    ) -> Option<Result<(), Duration>> {
         let mut conn = self.conn.clone();
         let outcome = tokio::time::timeout(
             self.timeout,

@@ -53,12 +53,19 @@ pub async fn read(
     match &tool.exec {
         Execution::Script(spec) => {
             let rel = tool.ui.as_deref().ok_or_else(not_found)?;
-            // The file must stay inside the group folder, symlinks included.
-            let folder = std::fs::canonicalize(spec.workdir()).map_err(|_| not_found())?;
-            let path = std::fs::canonicalize(folder.join(rel)).map_err(|_| not_found())?;
-            if !path.starts_with(&folder) {
-                return Err(not_found());
-            }
+            let path = match &spec.group.copies {
+                // The bytes the tool's hash covers, as the gateway copied them at load.
+                Some(copy) => copy.app(rel),
+                None => {
+                    // The file must stay inside the group folder, symlinks included.
+                    let folder = std::fs::canonicalize(spec.workdir()).map_err(|_| not_found())?;
+                    let path = std::fs::canonicalize(folder.join(rel)).map_err(|_| not_found())?;
+                    if !path.starts_with(&folder) {
+                        return Err(not_found());
+                    }
+                    path
+                }
+            };
             let meta = std::fs::metadata(&path).map_err(|_| not_found())?;
             if meta.len() > MAX_UI_BYTES {
                 return Err(McpError::internal_error(

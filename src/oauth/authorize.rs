@@ -44,6 +44,14 @@ pub struct Client {
     pub redirect_uris: Vec<String>,
 }
 
+impl Client {
+    /// Whether errors may be sent to this client's redirect URI without the person choosing
+    /// to go there: only when an admin registered the client (and so vetted its URIs).
+    pub fn redirects_trusted(&self) -> bool {
+        self.url_host.is_none()
+    }
+}
+
 /// An authorize request that passed every check.
 #[derive(Debug, Clone)]
 pub struct AuthorizeRequest {
@@ -60,53 +68,120 @@ pub struct AuthorizeRequest {
 pub enum AuthorizeError {
     /// Before the redirect URI is trusted: shown to the person, never redirected.
     Page(String),
-    /// Told to the client at its (verified) redirect URI.
+    /// For the client at its (verified) redirect URI: redirected there when `trusted` (an
+    /// admin registered the client), otherwise shown on a page (see the module's comment).
     Redirect {
         redirect_uri: String,
         error: &'static str,
         description: String,
         state: Option<String>,
+        trusted: bool,
     },
 }
 
 impl AuthorizeError {
-    /// The answer: a redirect carrying the error, or the message for a page.
+    /// The answer to a browser that has not signed in: a redirect carrying the error for a
+    /// trusted client, or the message for a page.
     pub fn redirect_or_message(self, issuer: &str) -> Result<Response, String> {
         match self {
             AuthorizeError::Page(m) => Err(m),
+            AuthorizeError::Redirect {
+                error,
+                description,
+                trusted: false,
+                ..
+            } => Err(untrusted_message(error, &description)),
             AuthorizeError::Redirect {
                 redirect_uri,
                 error,
                 description,
                 state,
+                trusted: true,
+            } => Ok(redirect_to(
+                &redirect_uri,
+                &error_pairs(error, description, state, issuer),
+            )),
+        }
+    }
+
+    /// The answer to a person who has signed in: as [`Self::redirect_or_message`], except
+    /// that an untrusted client's error page links back to the application with the error,
+    /// for the person to follow if they recognise it.
+    pub fn for_signed_in(self, issuer: &str) -> Result<Response, String> {
+        match self {
+            AuthorizeError::Redirect {
+                redirect_uri,
+                error,
+                description,
+                state,
+                trusted: false,
             } => {
-                let mut pairs = vec![
-                    ("error", error.to_owned()),
-                    ("error_description", description),
-                ];
-                if let Some(s) = state {
-                    pairs.push(("state", s));
-                }
-                pairs.push(("iss", issuer.to_owned()));
-                Ok(redirect_to(&redirect_uri, &pairs))
+                let (status, message) = if error == "access_denied" {
+                    (
+                        StatusCode::OK,
+                        "You declined: nothing was shared with the application.".to_owned(),
+                    )
+                } else {
+                    (
+                        StatusCode::BAD_REQUEST,
+                        untrusted_message(error, &description),
+                    )
+                };
+                let pairs = error_pairs(error, description, state, issuer);
+                Ok(match with_query(&redirect_uri, &pairs) {
+                    Some(back) => page(status, &message, Some(&back)),
+                    None => page(status, &message, None),
+                })
             }
+            other => other.redirect_or_message(issuer),
         }
     }
 }
 
-/// `uri` with `pairs` added to its query, as a 303.
-pub fn redirect_to(uri: &str, pairs: &[(&str, String)]) -> Response {
-    let mut u = match url::Url::parse(uri) {
-        Ok(u) => u,
-        Err(_) => return (StatusCode::BAD_REQUEST, "bad redirect URI").into_response(),
-    };
+fn error_pairs(
+    error: &'static str,
+    description: String,
+    state: Option<String>,
+    issuer: &str,
+) -> Vec<(&'static str, String)> {
+    let mut pairs = vec![
+        ("error", error.to_owned()),
+        ("error_description", description),
+    ];
+    if let Some(s) = state {
+        pairs.push(("state", s));
+    }
+    pairs.push(("iss", issuer.to_owned()));
+    pairs
+}
+
+/// What the person reads when an untrusted client's request is refused.
+fn untrusted_message(error: &str, description: &str) -> String {
+    format!(
+        "The application's request is not valid ({error}: {description}). \
+         It was not sent back to the application automatically: \
+         an application identified by a URL chooses its own return address."
+    )
+}
+
+/// `uri` with `pairs` added to its query.
+fn with_query(uri: &str, pairs: &[(&str, String)]) -> Option<String> {
+    let mut u = url::Url::parse(uri).ok()?;
     {
         let mut q = u.query_pairs_mut();
         for (k, v) in pairs {
             q.append_pair(k, v);
         }
     }
-    Redirect::to(u.as_str()).into_response()
+    Some(u.into())
+}
+
+/// `uri` with `pairs` added to its query, as a 303.
+pub fn redirect_to(uri: &str, pairs: &[(&str, String)]) -> Response {
+    match with_query(uri, pairs) {
+        Some(u) => Redirect::to(&u).into_response(),
+        None => (StatusCode::BAD_REQUEST, "bad redirect URI").into_response(),
+    }
 }
 
 fn is_loopback_host(host: Option<url::Host<&str>>) -> bool {
@@ -224,13 +299,16 @@ pub async fn validate(
             "The redirect_uri is not one this client registered. Nothing was sent back to the application.",
         ));
     }
-    // From here on the redirect URI is the client's own: errors go back to it.
+    // From here on the redirect URI is the client's own: errors are for it (sent there only
+    // if an admin registered the client).
     let state_param = params.get("state").filter(|s| !s.is_empty()).cloned();
+    let trusted = client.redirects_trusted();
     let to_client = |error: &'static str, description: &str| AuthorizeError::Redirect {
         redirect_uri: redirect_uri.clone(),
         error,
         description: description.to_owned(),
         state: state_param.clone(),
+        trusted,
     };
     if params.get("response_type").map(String::as_str) != Some("code") {
         return Err(to_client(
@@ -357,10 +435,25 @@ pub fn parse_query(query: &str) -> HashMap<String, String> {
 
 /// A plain page for errors before the client is trusted; the message is escaped.
 pub fn error_page(status: StatusCode, message: &str) -> Response {
+    page(status, message, None)
+}
+
+/// The page, with a link back to the application when `back` is given (for a person who has
+/// signed in, to follow if they started the sign-in themselves).
+fn page(status: StatusCode, message: &str, back: Option<&str>) -> Response {
+    let link = back
+        .map(|b| {
+            format!(
+                "<p><a id=\"authorize-back\" rel=\"noreferrer\" href=\"{}\">Return to the application anyway</a> \
+                 (only if you started this sign-in yourself)</p>",
+                escape_html(b)
+            )
+        })
+        .unwrap_or_default();
     let body = format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Sign-in request refused · toolgate</title>\
          <link rel=\"stylesheet\" href=\"/static/admin.css\"></head><body class=\"bare\"><main class=\"narrow\">\
-         <section class=\"card\"><h1>This sign-in request was refused</h1><p id=\"authorize-error\">{}</p></section></main></body></html>",
+         <section class=\"card\"><h1>This sign-in request was refused</h1><p id=\"authorize-error\">{}</p>{link}</section></main></body></html>",
         escape_html(message)
     );
     (
@@ -427,8 +520,9 @@ pub async fn issue_code(
             error: "invalid_scope",
             description: e,
             state: Some(req.state.clone()),
+            trusted: req.client.redirects_trusted(),
         }
-        .redirect_or_message(&state.settings.issuer)
+        .for_signed_in(&state.settings.issuer)
         .unwrap_or_else(|m| error_page(StatusCode::BAD_REQUEST, &m)));
     }
     let code = random_token();

@@ -3,13 +3,14 @@
 //!
 //! Fetching a URL an outsider chose is server-side request forgery waiting to happen, so the
 //! fetch is fenced: https only, the host resolved once and every address it resolves to must
-//! be public (no private, loopback, link-local, CGNAT, multicast or unspecified address), the
+//! be public (in no IANA special-purpose block, IPv4 or IPv6, and for IPv6 in global unicast:
+//! see [`SPECIAL_V4`] and [`SPECIAL_V6`]), the
 //! connection made to that vetted address only (so a second DNS answer cannot rebind it), no
 //! redirects, no proxy, 64 KiB read incrementally, 5 s in all. Documents are cached in a
 //! bounded map for what their `Cache-Control: max-age` says, within limits.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,10 +43,13 @@ pub struct ClientMetadata {
 pub enum CimdError {
     #[error("the client_id URL is not valid: {0}")]
     BadUrl(String),
-    #[error("the client's host resolves to an address this server will not connect to ({0})")]
-    Forbidden(IpAddr),
-    #[error("the client's host could not be resolved")]
-    Unresolved,
+    /// The host does not resolve, or resolves to an address that is not public. One message
+    /// for both, naming no address: a stranger must not learn from this page what a name
+    /// resolves to, nor whether it resolves at all (inside names would otherwise show).
+    #[error(
+        "this server will not connect to the client's host: it must resolve, and only to public addresses"
+    )]
+    Unreachable,
     #[error("fetching the client's metadata document failed: {0}")]
     Fetch(String),
     #[error("the client's metadata document took longer than {} s", FETCH_TIMEOUT.as_secs())]
@@ -56,43 +60,150 @@ pub enum CimdError {
     Invalid(String),
 }
 
-/// Whether this server may connect to `ip` when fetching an outsider's document.
-pub fn is_public(ip: IpAddr) -> bool {
+/// IPv4 blocks never fetched from: every entry of IANA's IPv4 Special-Purpose Address
+/// Registry (RFC 6890 and its updates), multicast and the reserved 240/4. Some of these are
+/// "globally reachable" in the registry's sense (AS112, AMT, the PCP and TURN anycasts): no
+/// metadata document is served from them, and a refusal costs nothing.
+pub const SPECIAL_V4: &[([u8; 4], u8, &str)] = &[
+    ([0, 0, 0, 0], 8, "\"this network\" (RFC 791)"),
+    ([10, 0, 0, 0], 8, "private use (RFC 1918)"),
+    (
+        [100, 64, 0, 0],
+        10,
+        "shared address space, CGNAT (RFC 6598)",
+    ),
+    ([127, 0, 0, 0], 8, "loopback (RFC 1122)"),
+    ([169, 254, 0, 0], 16, "link local (RFC 3927)"),
+    ([172, 16, 0, 0], 12, "private use (RFC 1918)"),
+    (
+        [192, 0, 0, 0],
+        24,
+        "IETF protocol assignments, DS-Lite, PCP/TURN anycast, NAT64 discovery (RFC 6890)",
+    ),
+    ([192, 0, 2, 0], 24, "documentation TEST-NET-1 (RFC 5737)"),
+    ([192, 31, 196, 0], 24, "AS112-v4 (RFC 7535)"),
+    ([192, 52, 193, 0], 24, "AMT (RFC 7450)"),
+    (
+        [192, 88, 99, 0],
+        24,
+        "6to4 relay anycast, deprecated (RFC 7526)",
+    ),
+    ([192, 168, 0, 0], 16, "private use (RFC 1918)"),
+    (
+        [192, 175, 48, 0],
+        24,
+        "direct delegation AS112 service (RFC 7534)",
+    ),
+    ([198, 18, 0, 0], 15, "benchmarking (RFC 2544)"),
+    ([198, 51, 100, 0], 24, "documentation TEST-NET-2 (RFC 5737)"),
+    ([203, 0, 113, 0], 24, "documentation TEST-NET-3 (RFC 5737)"),
+    ([224, 0, 0, 0], 4, "multicast (RFC 5771)"),
+    (
+        [240, 0, 0, 0],
+        4,
+        "reserved, and the limited broadcast 255.255.255.255 (RFC 1112, RFC 919)",
+    ),
+];
+
+/// IPv6 blocks never fetched from: every entry of IANA's IPv6 Special-Purpose Address
+/// Registry, the deprecated IPv4-compatible and site-local blocks, and multicast. Every block
+/// that embeds an IPv4 address (IPv4-compatible, IPv4-mapped, NAT64, 6to4, Teredo) is refused
+/// whatever address it embeds: where such a packet ends up depends on translators this
+/// server cannot see. Outside these, only global unicast (`2000::/3`) is fetched from.
+pub const SPECIAL_V6: &[([u16; 8], u8, &str)] = &[
+    (
+        [0, 0, 0, 0, 0, 0, 0, 0],
+        96,
+        "IPv4-compatible, deprecated; with :: and ::1 (RFC 4291)",
+    ),
+    ([0, 0, 0, 0, 0, 0xffff, 0, 0], 96, "IPv4-mapped (RFC 4291)"),
+    (
+        [0, 0, 0, 0, 0xffff, 0, 0, 0],
+        96,
+        "IPv4-translated (RFC 2765)",
+    ),
+    (
+        [0x64, 0xff9b, 0, 0, 0, 0, 0, 0],
+        96,
+        "IPv4/IPv6 translation, NAT64 (RFC 6052)",
+    ),
+    (
+        [0x64, 0xff9b, 1, 0, 0, 0, 0, 0],
+        48,
+        "local-use IPv4/IPv6 translation (RFC 8215)",
+    ),
+    ([0x100, 0, 0, 0, 0, 0, 0, 0], 64, "discard-only (RFC 6666)"),
+    (
+        [0x100, 0, 0, 1, 0, 0, 0, 0],
+        64,
+        "dummy IPv6 prefix (RFC 9780)",
+    ),
+    (
+        [0x2001, 0, 0, 0, 0, 0, 0, 0],
+        23,
+        "IETF protocol assignments: PCP/TURN/DNS-SD anycast, benchmarking, AMT, AS112, ORCHID, DETs (RFC 2928)",
+    ),
+    ([0x2001, 0, 0, 0, 0, 0, 0, 0], 32, "Teredo (RFC 4380)"),
+    (
+        [0x2001, 0xdb8, 0, 0, 0, 0, 0, 0],
+        32,
+        "documentation (RFC 3849)",
+    ),
+    ([0x2002, 0, 0, 0, 0, 0, 0, 0], 16, "6to4 (RFC 3056)"),
+    (
+        [0x2620, 0x4f, 0x8000, 0, 0, 0, 0, 0],
+        48,
+        "direct delegation AS112 service (RFC 7534)",
+    ),
+    (
+        [0x3fff, 0, 0, 0, 0, 0, 0, 0],
+        20,
+        "documentation (RFC 9637)",
+    ),
+    (
+        [0x5f00, 0, 0, 0, 0, 0, 0, 0],
+        16,
+        "segment routing SIDs (RFC 9602)",
+    ),
+    ([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7, "unique local (RFC 4193)"),
+    (
+        [0xfe80, 0, 0, 0, 0, 0, 0, 0],
+        10,
+        "link-local unicast (RFC 4291)",
+    ),
+    (
+        [0xfec0, 0, 0, 0, 0, 0, 0, 0],
+        10,
+        "site-local, deprecated (RFC 3879)",
+    ),
+    ([0xff00, 0, 0, 0, 0, 0, 0, 0], 8, "multicast (RFC 4291)"),
+];
+
+fn in_v4(ip: Ipv4Addr, (net, len, _): &([u8; 4], u8, &str)) -> bool {
+    let mask = u32::MAX.checked_shl(32 - u32::from(*len)).unwrap_or(0);
+    u32::from(ip) & mask == u32::from(Ipv4Addr::from(*net)) & mask
+}
+
+fn in_v6(ip: Ipv6Addr, (net, len, _): &([u16; 8], u8, &str)) -> bool {
+    let mask = u128::MAX.checked_shl(128 - u32::from(*len)).unwrap_or(0);
+    u128::from(ip) & mask == u128::from(Ipv6Addr::from(*net)) & mask
+}
+
+/// The special-purpose block `ip` falls in, if any (for logs and tests).
+pub fn special_block(ip: IpAddr) -> Option<&'static str> {
     match ip {
-        IpAddr::V4(v4) => is_public_v4(v4),
-        IpAddr::V6(v6) => {
-            // An IPv4 address dressed as IPv6 is judged as what it is.
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_public_v4(v4);
-            }
-            let s = v6.segments();
-            !(v6.is_unspecified()
-                || v6.is_loopback()
-                || v6.is_multicast()
-                || (s[0] & 0xfe00) == 0xfc00 // unique local fc00::/7
-                || (s[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
-                || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated) fec0::/10
-                || (s[0] == 0x64 && s[1] == 0xff9b) // NAT64 64:ff9b::/96 reaches IPv4 inside
-                || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
-                || (s[0] == 0x2002)) // 6to4 embeds an IPv4 address
-        }
+        IpAddr::V4(v4) => SPECIAL_V4.iter().find(|b| in_v4(v4, b)).map(|b| b.2),
+        IpAddr::V6(v6) => SPECIAL_V6
+            .iter()
+            .find(|b| in_v6(v6, b))
+            .map(|b| b.2)
+            .or_else(|| (v6.segments()[0] & 0xe000 != 0x2000).then_some("not global unicast")),
     }
 }
 
-fn is_public_v4(ip: Ipv4Addr) -> bool {
-    let o = ip.octets();
-    !(ip.is_private()
-        || ip.is_loopback()
-        || ip.is_link_local()
-        || ip.is_multicast()
-        || ip.is_broadcast()
-        || ip.is_unspecified()
-        || ip.is_documentation()
-        || o[0] == 0 // "this network"
-        || (o[0] == 100 && (o[1] & 0xc0) == 64) // CGNAT 100.64.0.0/10
-        || (o[0] == 192 && o[1] == 0 && o[2] == 0) // IETF protocol assignments
-        || (o[0] == 198 && (o[1] & 0xfe) == 18) // benchmarking 198.18.0.0/15
-        || o[0] >= 240) // reserved
+/// Whether this server may connect to `ip` when fetching an outsider's document.
+pub fn is_public(ip: IpAddr) -> bool {
+    special_block(ip).is_none()
 }
 
 /// Whether a `client_id` is meant as a metadata document URL (rather than a registered id).
@@ -233,20 +344,30 @@ impl CimdCache {
         let addrs: Vec<SocketAddr> = match url.host() {
             Some(url::Host::Ipv4(ip)) => vec![SocketAddr::new(IpAddr::V4(ip), port)],
             Some(url::Host::Ipv6(ip)) => vec![SocketAddr::new(IpAddr::V6(ip), port)],
-            Some(url::Host::Domain(name)) => tokio::net::lookup_host((name, port))
-                .await
-                .map_err(|_| CimdError::Unresolved)?
-                .collect(),
+            Some(url::Host::Domain(name)) => match tokio::net::lookup_host((name, port)).await {
+                Ok(addrs) => addrs.collect(),
+                Err(e) => {
+                    tracing::info!(host = name, error = %e, "a client metadata document's host does not resolve");
+                    return Err(CimdError::Unreachable);
+                }
+            },
             None => return Err(CimdError::BadUrl("no host".into())),
         };
         if addrs.is_empty() {
-            return Err(CimdError::Unresolved);
+            return Err(CimdError::Unreachable);
         }
         // Every answer must be fit: a name that also resolves inside is refused outright.
         if !self.allow_private
             && let Some(bad) = addrs.iter().find(|a| !is_public(a.ip()))
         {
-            return Err(CimdError::Forbidden(bad.ip()));
+            // The operator may see where it pointed; the page does not say.
+            tracing::info!(
+                url = %url,
+                address = %bad.ip(),
+                block = special_block(bad.ip()).unwrap_or(""),
+                "a client metadata document's host is not public; not fetched"
+            );
+            return Err(CimdError::Unreachable);
         }
         Ok(addrs[0])
     }
@@ -344,8 +465,37 @@ pub fn parse_document(client_id: &str, body: &[u8]) -> Result<ClientMetadata, Ci
 mod tests {
     use super::*;
 
+    /// The first, a middle and the last address of `len` bits at `net` (as u128 offsets).
+    fn samples(bits: u32, len: u8) -> [u128; 3] {
+        let host = bits - u32::from(len);
+        let last = if host == 0 {
+            0
+        } else {
+            u128::MAX >> (128 - host)
+        };
+        [0, last / 2, last]
+    }
+
     #[test]
-    fn inside_addresses_are_refused() {
+    fn every_special_purpose_block_is_refused_throughout() {
+        for block in SPECIAL_V4 {
+            let base = u32::from(Ipv4Addr::from(block.0));
+            for off in samples(32, block.1) {
+                let ip = Ipv4Addr::from(base | off as u32);
+                assert!(!is_public(ip.into()), "{ip} ({}) must be refused", block.2);
+            }
+        }
+        for block in SPECIAL_V6 {
+            let base = u128::from(Ipv6Addr::from(block.0));
+            for off in samples(128, block.1) {
+                let ip = Ipv6Addr::from(base | off);
+                assert!(!is_public(ip.into()), "{ip} ({}) must be refused", block.2);
+            }
+        }
+    }
+
+    #[test]
+    fn inside_addresses_are_refused_however_they_are_written() {
         for a in [
             "10.1.2.3",
             "172.16.0.1",
@@ -357,19 +507,47 @@ mod tests {
             "224.0.0.1",
             "0.0.0.0",
             "255.255.255.255",
+            "192.88.99.1",
+            "192.0.0.9",
             "::1",
             "::",
+            "::7f00:1",
+            "::a00:1",
             "fe80::1",
             "fc00::1",
             "fd12::1",
             "ff02::1",
+            "fec0::1",
             "::ffff:127.0.0.1",
             "::ffff:10.0.0.1",
+            "::ffff:8.8.8.8",
             "64:ff9b::a00:1",
+            "64:ff9b::808:808",
+            "64:ff9b:1::1",
+            "2001::1",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "2001:db8::1",
+            "2002:7f00:1::1",
+            "2002:808:808::1",
+            "3fff::1",
+            "5f00::1",
+            "100::1",
+            "4000::1",
         ] {
             assert!(!is_public(a.parse().unwrap()), "{a} must be refused");
         }
-        for a in ["93.184.216.34", "100.128.0.1", "2606:4700::1111", "8.8.8.8"] {
+        for a in [
+            "93.184.216.34",
+            "100.128.0.1",
+            "8.8.8.8",
+            "1.1.1.1",
+            "192.88.98.255",
+            "192.88.100.0",
+            "2606:4700::1111",
+            "2001:4860:4860::8888",
+            "2001:200::1",
+            "2a00:1450:4001::1",
+        ] {
             assert!(is_public(a.parse().unwrap()), "{a} is public");
         }
     }

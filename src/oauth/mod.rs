@@ -197,10 +197,15 @@ fn audit_failure(
     err: &OAuthError,
 ) {
     let mut e = AuditEvent::new(EventKind::ClientAuthFailed, err.outcome()).from_origin(origin);
-    e.client_id = client_id;
+    e.client_id = client_id.map(|c| bounded_client_id(&c));
     e.resource = Some(endpoint.to_owned());
     e.error = Some(format!("{}: {}", err.error, err.description));
-    state.audit.record_detached(e);
+    state.refusals.record(e, "oauth", err.error);
+}
+
+/// A client id as a stranger sent it, cut to what an audit row keeps.
+fn bounded_client_id(c: &str) -> String {
+    c.chars().take(db::assertions::MAX_CLIENT_ID).collect()
 }
 
 /// The client id a request claims, whichever authentication method it uses.
@@ -511,8 +516,10 @@ async fn token(
     {
         let mut e = AuditEvent::new(EventKind::ClientAuthFailed, Outcome::RateLimited)
             .from_origin(origin.as_ref());
-        e.client_id = form.get("client_id").cloned();
-        state.audit.record_detached(e);
+        e.client_id = form.get("client_id").map(|c| bounded_client_id(c));
+        e.resource = Some("/oauth/token".to_owned());
+        e.error = Some("slow_down: too many token requests from this address".to_owned());
+        state.refusals.record(e, "oauth", "too many token requests");
         let secs = retry_secs(wait);
         return (
             StatusCode::TOO_MANY_REQUESTS,
@@ -557,9 +564,9 @@ async fn token(
             } else {
                 let mut e = AuditEvent::new(EventKind::TokenIssued, Outcome::Denied)
                     .from_origin(origin.as_ref());
-                e.client_id = client_id;
+                e.client_id = client_id.map(|c| bounded_client_id(&c));
                 e.error = Some(format!("{}: {}", err.error, err.description));
-                state.audit.record_detached(e);
+                state.refusals.record(e, "oauth", err.error);
             }
             err.into_response()
         }

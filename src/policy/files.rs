@@ -570,10 +570,16 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
                 .map(|param| agent.line_of(param))
                 .filter(|l| *l > 1)
                 .unwrap_or_else(|| agent.line_of(&p.target));
+            // Errors read like every other problem of the folder; a warning says it is one (a
+            // rule that holds, but narrows more than its keywords say). Both fail the check.
+            let message = match p.severity {
+                arguments::Severity::Error => p.message,
+                arguments::Severity::Warning => format!("warning: {}", p.message),
+            };
             problems.push(Problem {
                 file: agent.file.clone(),
                 line,
-                message: p.message,
+                message,
             });
         }
         for pin in &agent.front.pinned {

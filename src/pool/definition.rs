@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
-use super::Tool;
+use super::{Execution, Tool};
 
 /// Past this, a diff gives up looking for the shortest edit and approximates: definitions come
 /// from tool authors and upstream servers, and a huge one must not stall the page or the API.
@@ -30,13 +30,31 @@ pub fn canonical(v: &Value) -> Value {
 }
 
 impl Tool {
-    /// The MCP definition (`tools/list` entry), canonical.
+    /// The definition an admin reviews, canonical: the MCP definition (`tools/list` entry),
+    /// and for a script tool, under `x-toolgate`, what else its hash covers that can be shown:
+    /// the REST method, path and operation (as `/openapi.json` serves it, with the operation's
+    /// own `x-toolgate-*` keys), the group's `x-toolgate-*` settings and the script's name. A
+    /// held definition whose diff is empty changed only its script's or App file's bytes.
     pub fn definition(&self) -> Value {
         // Read for every tool of the pool (the catalog table, pins): the schema is not kept.
-        canonical(
-            &serde_json::to_value(self.mcp_definition_with(self.input_schema.read()))
-                .unwrap_or_default(),
-        )
+        let mut def = serde_json::to_value(self.mcp_definition_with(self.input_schema.read()))
+            .unwrap_or_default();
+        if let (Execution::Script(spec), Some(http), Value::Object(d)) =
+            (&self.exec, &self.http, &mut def)
+        {
+            d.insert(
+                "x-toolgate".into(),
+                json!({
+                    "method": http.method.as_str(),
+                    "path": http.path,
+                    "operation": self.operation_with_settings(),
+                    "group": serde_json::from_str::<Value>(&spec.group.settings)
+                        .unwrap_or_default(),
+                    "script": &*spec.file,
+                }),
+            );
+        }
+        canonical(&def)
     }
 }
 

@@ -3,8 +3,10 @@
 //! A [`Catalog`] is an immutable value. Reloads build a new one and swap it in, so a request
 //! always sees one consistent catalog from start to finish.
 
+pub mod copies;
 pub mod definition;
 pub mod egress;
+pub mod env;
 pub mod jail;
 pub mod loader;
 pub mod runner;
@@ -125,9 +127,10 @@ impl HttpBinding {
 
     /// The text kept for a script's operation object, without what the tool holds anyway: the
     /// summary when it is the tool's `title`, the description when it is the tool's
-    /// `description` (and not its summary), and the `operationId` and `x-toolgate-*` keys, which
-    /// the OpenAPI document replaces and drops. [`Tool::openapi_operation`] puts the first two
-    /// back. In a large pool these were a third of every operation's text.
+    /// `description` (and not its summary), and the `operationId`, which the OpenAPI document
+    /// replaces. [`Tool::openapi_operation`] puts the first two back. In a large pool these
+    /// were a third of every operation's text. The operation's `x-toolgate-*` keys stay, for an
+    /// admin reviewing a held definition; the OpenAPI document drops them.
     pub fn script_operation_text(
         op: &Value,
         title: Option<&str>,
@@ -137,7 +140,7 @@ impl HttpBinding {
             return Self::operation_text(op);
         };
         let mut o = o.clone();
-        o.retain(|k, _| k != "operationId" && !k.starts_with("x-toolgate-"));
+        o.retain(|k, _| k != "operationId");
         let summary = o.get("summary").and_then(Value::as_str);
         let told = o.get("description").and_then(Value::as_str);
         let drop_summary = summary.is_some() && summary == title;
@@ -216,14 +219,52 @@ impl PartialEq<ContentHash> for String {
 /// in each of its tools (a pool of 100,000 tools held ~130 bytes of these per tool).
 #[derive(Debug)]
 pub struct ScriptGroup {
+    /// The group's name.
+    pub name: Box<str>,
     /// The group's folder: the scripts' working directory.
     pub workdir: PathBuf,
-    /// Names of environment variables passed through besides the fixed allow-list.
-    pub env_allow: Box<[String]>,
+    /// The variables the group declares (`x-toolgate-env`), besides the fixed ones.
+    pub env: Box<[env::ScriptVar]>,
+    /// Where the declared variables get their values: never the gateway's own environment.
+    pub script_env: Arc<dyn env::ScriptEnv>,
+    /// Every top-level `x-toolgate-*` setting of the group's document, as canonical JSON text:
+    /// shown to an admin reviewing a held definition.
+    pub settings: Box<str>,
     /// How the group's scripts are confined.
     pub sandbox: sandbox::Sandbox,
     /// How many calls of each of the group's tools run at once ([`slots`]).
     pub max_concurrency: usize,
+    /// The gateway's copy of the group's scripts as hashed, which calls run; `None` when the
+    /// pool was loaded without copies (commands that run no script).
+    pub copies: Option<Arc<copies::GroupCopy>>,
+    /// The identity of the group's `openapi.json` when it was read.
+    pub spec_stamp: FileStamp,
+}
+
+/// The identity of a file the hash covers, when it was read ([`loader`]'s `stamp`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileStamp {
+    pub stamp: u64,
+    /// SHA-256 of its bytes.
+    pub digest: [u8; 32],
+}
+
+/// The identities of a script tool's own files at its load (the group's `openapi.json` is the
+/// group's, [`ScriptGroup::spec_stamp`]): a later load that finds other files with the same
+/// content records that they were changed and restored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileStamps {
+    pub script: u64,
+    /// The App file's; 0 when the tool has none.
+    pub ui: u64,
+}
+
+/// A tool whose files changed on disk since the previous load and came back to the content
+/// the tool has now (so its hash is the same): which files.
+#[derive(Debug, Clone)]
+pub struct Restored {
+    pub tool: Arc<Tool>,
+    pub files: Vec<String>,
 }
 
 /// What running a script needs.
@@ -233,12 +274,23 @@ pub struct ScriptSpec {
     /// The script's file name in the group's folder (the loader only takes UTF-8 names).
     pub file: Box<str>,
     pub timeout: Duration,
+    /// Its files' identities when it was loaded.
+    pub stamps: FileStamps,
 }
 
 impl ScriptSpec {
-    /// The script's path.
+    /// The script's path in its folder (what names it, for the per-script call slots).
     pub fn script(&self) -> PathBuf {
         self.group.workdir.join(&*self.file)
+    }
+
+    /// What a call executes: the gateway's copy of the bytes that were hashed, or the
+    /// folder's file when the pool was loaded without copies.
+    pub fn program(&self) -> PathBuf {
+        match &self.group.copies {
+            Some(copy) => copy.script(&self.file),
+            None => self.script(),
+        }
     }
 
     /// The group's folder, where the script runs.
@@ -404,11 +456,21 @@ impl Tool {
 
     /// The tool's OpenAPI operation object, with the summary and description that
     /// [`HttpBinding::script_operation_text`] left out put back (and the tool's name as its
-    /// `operationId`, its group as its tag). `None` for a tool with no REST binding.
+    /// `operationId`, its group as its tag), without the gateway's `x-toolgate-*` keys. `None`
+    /// for a tool with no REST binding.
     pub fn openapi_operation(&self) -> Option<Value> {
-        let mut op = self.http.as_ref()?.operation();
+        let mut op = self.operation_with_settings()?;
         if let Value::Object(o) = &mut op {
             o.retain(|k, _| !k.starts_with("x-toolgate-"));
+        }
+        Some(op)
+    }
+
+    /// [`Self::openapi_operation`] with the operation's own `x-toolgate-*` keys, as an admin
+    /// reviews it.
+    pub(crate) fn operation_with_settings(&self) -> Option<Value> {
+        let mut op = self.http.as_ref()?.operation();
+        if let Value::Object(o) = &mut op {
             if let Some(title) = &self.title
                 && !o.contains_key("summary")
             {
@@ -636,6 +698,8 @@ pub struct Catalog {
     /// second copy of every name, and its nodes, for nothing a sorted list does not do.
     tools: Vec<Arc<Tool>>,
     groups: BTreeMap<String, GroupStatus>,
+    /// Tools whose files were changed and restored since the previous load.
+    restored: Vec<Restored>,
 }
 
 impl Catalog {
@@ -651,7 +715,20 @@ impl Catalog {
         Self {
             tools,
             groups: groups.into_iter().map(|g| (g.folder.clone(), g)).collect(),
+            restored: Vec::new(),
         }
+    }
+
+    /// This catalog, noting the tools whose files were changed and restored since the previous
+    /// load.
+    pub fn with_restored(mut self, restored: Vec<Restored>) -> Self {
+        self.restored = restored;
+        self
+    }
+
+    /// The tools whose files were changed on disk and restored since the previous load.
+    pub fn restored(&self) -> &[Restored] {
+        &self.restored
     }
 
     fn position(&self, name: &str) -> Result<usize, usize> {

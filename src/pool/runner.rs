@@ -28,7 +28,8 @@ impl Default for OutputLimits {
     }
 }
 
-/// Variables every script receives from the gateway's own environment, when set.
+/// Variables every script receives from the gateway's own environment, when set (the declared
+/// ones come from their own source, [`super::env`]).
 const BASE_ENV: [&str; 4] = ["PATH", "HOME", "LANG", "TZ"];
 
 /// How a script run ended.
@@ -117,14 +118,21 @@ pub async fn run(
     };
     let remaining = spec.timeout.saturating_sub(started.elapsed());
 
-    let mut env: Vec<(OsString, OsString)> = Vec::with_capacity(BASE_ENV.len() + 4);
-    for name in BASE_ENV
-        .iter()
-        .copied()
-        .chain(spec.group.env_allow.iter().map(String::as_str))
-    {
+    let mut env: Vec<(OsString, OsString)> =
+        Vec::with_capacity(BASE_ENV.len() + spec.group.env.len() + 3);
+    for name in BASE_ENV {
         if let Some(value) = std::env::var_os(name) {
             env.push((name.into(), value));
+        }
+    }
+    // The declared variables, from their own source: never the gateway's environment.
+    for name in &spec.group.env {
+        let request = super::env::VarRequest {
+            group: &spec.group.name,
+            name,
+        };
+        if let Some(value) = spec.group.script_env.value(request) {
+            env.push((name.as_str().into(), value));
         }
     }
     // Set after the allowed variables: the gateway's own TRACEPARENT, if it has one, is not
@@ -138,8 +146,15 @@ pub async fn run(
             env.push((name.into(), v.into()));
         }
     }
+    let program = spec.program();
+    let copies = spec.group.copies.as_ref().map(|c| c.files());
     // Removed when this function returns, after everything the script started is gone.
-    let (confine, _call_dir) = match spec.group.sandbox.prepare(spec.workdir()).await {
+    let (confine, _call_dir) = match spec
+        .group
+        .sandbox
+        .prepare(spec.workdir(), copies.as_deref())
+        .await
+    {
         Ok(Some((confine, dir))) => {
             env.retain(|(n, _)| n != "TMPDIR");
             env.push(("TMPDIR".into(), dir.path().into()));
@@ -153,8 +168,17 @@ pub async fn run(
         }
     };
     // The child is killed if this future is dropped (the caller went away).
-    let mut child = match spawn(&script, spec.workdir(), &env, confine) {
+    let mut child = match spawn(&program, spec.workdir(), &env, confine) {
         Ok(c) => c,
+        Err(e) if copies.is_some() && e.kind() == std::io::ErrorKind::NotFound => {
+            // The copy is the gateway's; only something outside it (a cleaner of the
+            // temporary directory) removes it. The folder's file is never run in its place.
+            return ScriptOutcome::SpawnFailed {
+                reason: format!(
+                    "the gateway's copy of the script is missing ({e}); it is made again when the group is next loaded"
+                ),
+            };
+        }
         Err(e) => {
             return ScriptOutcome::SpawnFailed {
                 reason: e.to_string(),

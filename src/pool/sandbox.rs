@@ -460,16 +460,27 @@ impl Drop for CallDir {
 }
 
 impl Sandbox {
-    /// The sandbox of a group living in `folder`.
-    pub fn new(settings: Arc<SandboxSettings>, limits: GroupLimits, folder: &Path) -> Self {
+    /// The sandbox of a group living in `folder`, whose scripts run from the gateway's copies
+    /// in `copies` (read-only in its jail, like the folder).
+    pub fn new(
+        settings: Arc<SandboxSettings>,
+        limits: GroupLimits,
+        folder: &Path,
+        copies: Option<&Path>,
+    ) -> Self {
         let wanted = settings.mode != Mode::Off && settings.isolate && host().jail.is_ok();
         let jail = wanted.then(|| {
-            JailKey::new(
-                folder,
-                settings.jail_read_paths.clone(),
-                limits.egress.clone(),
-            )
-            .map_err(|e| format!("cannot read {}: {e}", folder.display()))
+            let read_paths = match copies {
+                None => settings.jail_read_paths.clone(),
+                Some(c) => settings
+                    .jail_read_paths
+                    .iter()
+                    .cloned()
+                    .chain(std::iter::once(c.to_path_buf()))
+                    .collect(),
+            };
+            JailKey::new(folder, read_paths, limits.egress.clone())
+                .map_err(|e| format!("cannot read {}: {e}", folder.display()))
         });
         Self {
             settings,
@@ -478,8 +489,14 @@ impl Sandbox {
         }
     }
 
-    /// Prepares one run of a script living in `folder`. `None` when the sandbox is off.
-    pub async fn prepare(&self, folder: &Path) -> io::Result<Option<(Confine, CallDir)>> {
+    /// Prepares one run of a script living in `folder`, whose gateway copy (the file that is
+    /// executed, beside links to the folder's entries) is in `copies`. `None` when the sandbox
+    /// is off.
+    pub async fn prepare(
+        &self,
+        folder: &Path,
+        copies: Option<&Path>,
+    ) -> io::Result<Option<(Confine, CallDir)>> {
         if self.settings.mode == Mode::Off {
             return Ok(None);
         }
@@ -515,7 +532,7 @@ impl Sandbox {
         }
         let ruleset = match host.landlock {
             Ok(()) => Some(
-                self.ruleset(folder, dir.path())
+                self.ruleset(folder, copies, dir.path())
                     .map_err(|e| io::Error::other(format!("Landlock rules: {e}")))?,
             ),
             Err(_) => None,
@@ -545,7 +562,12 @@ impl Sandbox {
         )))
     }
 
-    fn ruleset(&self, folder: &Path, tmp: &Path) -> Result<RulesetCreated, String> {
+    fn ruleset(
+        &self,
+        folder: &Path,
+        copies: Option<&Path>,
+        tmp: &Path,
+    ) -> Result<RulesetCreated, String> {
         let read = AccessFs::from_read(ABI_WANTED);
         let all = AccessFs::from_all(ABI_WANTED);
         let device = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate;
@@ -566,6 +588,13 @@ impl Sandbox {
                     .add_rule(PathBeneath::new(fd, device))
                     .map_err(|e| e.to_string())?;
             }
+        }
+        // The copy of the script that runs: read and executed like the folder.
+        if let Some(copies) = copies {
+            let fd = PathFd::new(copies).map_err(|e| e.to_string())?;
+            ruleset = ruleset
+                .add_rule(PathBeneath::new(fd, read))
+                .map_err(|e| e.to_string())?;
         }
         let folder = PathFd::new(folder).map_err(|e| e.to_string())?;
         let tmp = PathFd::new(tmp).map_err(|e| e.to_string())?;

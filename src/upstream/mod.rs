@@ -5,6 +5,9 @@
 //! One connection (one child process) per upstream, never per call or per agent. The agent's
 //! token never travels upstream: the upstream gets only its own configured credentials.
 
+mod credentials;
+mod guard;
+mod stdio;
 mod traced;
 
 use std::collections::{BTreeMap, HashMap};
@@ -58,6 +61,10 @@ pub struct UpstreamSpec {
     /// Calls in flight at once to this upstream.
     #[serde(default = "default_concurrency")]
     pub max_concurrency: usize,
+    /// Largest message accepted from this upstream (a call's answer, a tool list), in bytes:
+    /// a larger answer fails its call at once, read without being kept.
+    #[serde(default = "default_max_result_bytes")]
+    pub max_result_bytes: usize,
     /// How often the tool list is re-read.
     #[serde(default = "default_refresh")]
     pub refresh_secs: u64,
@@ -102,6 +109,11 @@ impl UpstreamSpec {
                 "`timeout_ms`, `max_concurrency` and `refresh_secs` must be at least 1".into(),
             );
         }
+        if !(MIN_RESULT_BYTES..=MAX_RESULT_BYTES).contains(&self.max_result_bytes) {
+            return Err(format!(
+                "`max_result_bytes` must be between {MIN_RESULT_BYTES} and {MAX_RESULT_BYTES}"
+            ));
+        }
         Ok(())
     }
 }
@@ -115,6 +127,15 @@ fn default_concurrency() -> usize {
 fn default_refresh() -> u64 {
     60
 }
+/// As a script's stdout (`--max-stdout-bytes`).
+fn default_max_result_bytes() -> usize {
+    4 * 1024 * 1024
+}
+/// Bounds of `max_result_bytes`: an initialize answer must fit, and one answer is held in
+/// memory (a few times over while it is parsed and re-encoded), so it stays well below
+/// what a process can afford per call.
+const MIN_RESULT_BYTES: usize = 16 * 1024;
+const MAX_RESULT_BYTES: usize = 256 * 1024 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -152,9 +173,16 @@ pub struct Health {
     pub circuit_open_ms: Option<u64>,
 }
 
-/// Calls failing in a row before the circuit opens, and how long it stays open.
+/// Calls failing in a row before the circuit opens, and how long it stays open. The
+/// upstream's circuit counts failures of the connection; a tool's own circuit counts its
+/// timeouts and oversized answers, so that one tool that hangs (or an agent that keeps
+/// calling it) does not shut the upstream's other tools for everyone.
 const BREAKER_THRESHOLD: u32 = 3;
 const BREAKER_OPEN: Duration = Duration::from_secs(10);
+
+/// Shortest time between two re-lists of an upstream's tools: a flood of
+/// `tools/list_changed` costs at most one list a second.
+const MIN_RELIST: Duration = Duration::from_secs(1);
 
 struct Shared {
     /// Fired when the upstream says its tool list changed.
@@ -165,6 +193,17 @@ struct Shared {
     tools: Mutex<Vec<rmcp::model::Tool>>,
     status: Mutex<Status>,
     slots: tokio::sync::Semaphore,
+    /// The upstream's own credentials, scrubbed from whatever it says (see [`credentials`]).
+    credentials: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    fn credentials(&self) -> Vec<String> {
+        self.credentials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 #[derive(Default)]
@@ -173,6 +212,20 @@ struct Status {
     last_error: Option<String>,
     failures: u32,
     open_until: Option<Instant>,
+    /// Per tool that failed: its timeouts and oversized answers in a row, and until when its
+    /// own circuit is open. Only tools the upstream listed are called, and a success removes
+    /// the entry, so this holds at most one entry per listed tool.
+    tools: HashMap<String, (u32, Option<Instant>)>,
+}
+
+/// How a call to the upstream went, for the circuits.
+enum Verdict {
+    /// The upstream answered (a result, or a JSON-RPC error of its own).
+    Answered,
+    /// This tool timed out or answered past the size limit.
+    ToolFailed,
+    /// The connection failed.
+    ConnectionFailed,
 }
 
 /// A supervised upstream: its shared state and its supervisor task.
@@ -191,6 +244,10 @@ pub enum UpstreamError {
     Down(String),
     #[error("upstream `{0}` is failing; its circuit is open, retry in a few seconds")]
     CircuitOpen(String),
+    #[error(
+        "tool `{1}` of upstream `{0}` timed out or answered too much three times in a row; it is not called for a few seconds"
+    )]
+    ToolCircuitOpen(String, String),
     #[error("upstream `{0}` did not answer within {1} ms")]
     Timeout(String, u64),
     #[error("upstream `{0}` failed: {1}")]
@@ -231,6 +288,7 @@ impl Upstreams {
                     ..Status::default()
                 }),
                 slots: tokio::sync::Semaphore::new(spec.max_concurrency.max(1)),
+                credentials: Mutex::new(credentials::of(spec, &[])),
             });
             let task = tokio::spawn(supervise(shared.clone(), on_change.clone()));
             running.insert(name.clone(), (shared, task.abort_handle()));
@@ -315,11 +373,18 @@ impl Upstreams {
                     upstream_uri.to_owned(),
                 ))
                 .await
-                .map_err(|e| UpstreamError::Failed(group.to_owned(), e.to_string()))
+                .map_err(|e| {
+                    UpstreamError::Failed(
+                        group.to_owned(),
+                        credentials::scrub_text(&e.to_string(), &shared.credentials()),
+                    )
+                })
         };
-        let mut result = tokio::time::timeout(timeout, work)
+        let result = tokio::time::timeout(timeout, work)
             .await
             .map_err(|_| UpstreamError::Timeout(group.to_owned(), shared.spec.timeout_ms))??;
+        let mut result = credentials::scrub(result, &shared.credentials())
+            .ok_or_else(|| UpstreamError::Failed(group.to_owned(), WITHHELD.to_owned()))?;
         for c in &mut result.contents {
             if let rmcp::model::ResourceContents::TextResourceContents { uri, .. }
             | rmcp::model::ResourceContents::BlobResourceContents { uri, .. } = c
@@ -374,21 +439,37 @@ impl Upstreams {
         };
         {
             let st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
-            if st.open_until.is_some_and(|u| u > Instant::now()) {
+            let now = Instant::now();
+            if st.open_until.is_some_and(|u| u > now) {
                 return Err(UpstreamError::CircuitOpen(group.to_owned()));
+            }
+            if st
+                .tools
+                .get(tool)
+                .and_then(|(_, until)| *until)
+                .is_some_and(|u| u > now)
+            {
+                return Err(UpstreamError::ToolCircuitOpen(
+                    group.to_owned(),
+                    tool.to_owned(),
+                ));
             }
         }
         let timeout = Duration::from_millis(shared.spec.timeout_ms);
         let work = async {
-            let _slot = shared
-                .slots
-                .acquire()
-                .await
-                .map_err(|_| UpstreamError::Down(group.to_owned()))?;
+            let _slot = shared.slots.acquire().await.map_err(|_| {
+                (
+                    Verdict::ConnectionFailed,
+                    UpstreamError::Down(group.to_owned()),
+                )
+            })?;
             let client = shared.client.read().await;
-            let client = client
-                .as_ref()
-                .ok_or_else(|| UpstreamError::Down(group.to_owned()))?;
+            let client = client.as_ref().ok_or_else(|| {
+                (
+                    Verdict::ConnectionFailed,
+                    UpstreamError::Down(group.to_owned()),
+                )
+            })?;
             let mut params = CallToolRequestParams::new(tool.to_owned());
             params.arguments = Some(args);
             if let Some(tp) = &trace.traceparent {
@@ -397,29 +478,69 @@ impl Upstreams {
             if let Some(ts) = &trace.tracestate {
                 params.set_tracestate(ts);
             }
-            client
-                .call_tool(params)
-                .await
-                .map_err(|e| UpstreamError::Failed(group.to_owned(), e.to_string()))
+            client.call_tool(params).await.map_err(|e| {
+                let verdict = match &e {
+                    rmcp::ServiceError::McpError(d) if guard::is_refusal(d) => Verdict::ToolFailed,
+                    rmcp::ServiceError::McpError(_) => Verdict::Answered,
+                    _ => Verdict::ConnectionFailed,
+                };
+                let said = match e {
+                    rmcp::ServiceError::McpError(d) if guard::is_refusal(&d) => {
+                        d.message.to_string()
+                    }
+                    e => e.to_string(),
+                };
+                (verdict, UpstreamError::Failed(group.to_owned(), said))
+            })
         };
         let result = match tokio::time::timeout(timeout, work).await {
             Ok(r) => r,
-            Err(_) => Err(UpstreamError::Timeout(
-                group.to_owned(),
-                shared.spec.timeout_ms,
+            Err(_) => Err((
+                Verdict::ToolFailed,
+                UpstreamError::Timeout(group.to_owned(), shared.spec.timeout_ms),
             )),
         };
+        let credentials = shared.credentials();
+        let (verdict, result) = match result {
+            Ok(r) => match credentials::scrub(r, &credentials) {
+                Some(r) => (Verdict::Answered, Ok(r)),
+                None => (
+                    Verdict::Answered,
+                    Err(UpstreamError::Failed(group.to_owned(), WITHHELD.to_owned())),
+                ),
+            },
+            Err((v, UpstreamError::Failed(g, said))) => (
+                v,
+                Err(UpstreamError::Failed(
+                    g,
+                    credentials::scrub_text(&said, &credentials),
+                )),
+            ),
+            Err((v, e)) => (v, Err(e)),
+        };
         let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
-        match &result {
-            Ok(_) => {
+        if let Err(e) = &result {
+            st.last_error = Some(e.to_string());
+        }
+        match verdict {
+            Verdict::Answered => {
                 st.failures = 0;
                 st.open_until = None;
+                st.tools.remove(tool);
             }
-            Err(e) => {
+            Verdict::ToolFailed => {
+                // A timeout may also be a dead connection: let the supervisor check now.
+                shared.changed.notify_one();
+                let (failures, until) = st.tools.entry(tool.to_owned()).or_default();
+                *failures += 1;
+                if *failures >= BREAKER_THRESHOLD {
+                    *until = Some(Instant::now() + BREAKER_OPEN);
+                }
+            }
+            Verdict::ConnectionFailed => {
                 // Let the supervisor check the connection now rather than at its next poll.
                 shared.changed.notify_one();
                 st.failures += 1;
-                st.last_error = Some(e.to_string());
                 if st.failures >= BREAKER_THRESHOLD {
                     st.open_until = Some(Instant::now() + BREAKER_OPEN);
                 }
@@ -429,8 +550,12 @@ impl Upstreams {
     }
 }
 
+/// What an agent is told in place of an answer that quoted the upstream's credential and
+/// could not be cleaned without breaking it.
+const WITHHELD: &str = "its answer was withheld: it quoted the upstream's credential";
+
 /// Converts an upstream tool into a pool tool named `<group>__<tool>`.
-fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
+pub(crate) fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
     // A tool's group is read off its name up to the first `__`; a group name with `__` in it
     // (one written into the table by hand, past the API's check) would be read as another
     // group's, so none is served.
@@ -510,30 +635,32 @@ pub fn upstream_ui_uri(uri: &str) -> Option<(&str, String)> {
     Some((group, format!("ui://{path}")))
 }
 
+/// Connects to the upstream; also returns the credentials obtained on the way (an OAuth
+/// access token), to be scrubbed like the configured ones.
 async fn connect(
+    group: &str,
     spec: &UpstreamSpec,
     listener: Listener,
-) -> Result<RunningService<RoleClient, Listener>, String> {
+) -> Result<(RunningService<RoleClient, Listener>, Vec<String>), String> {
     spec.validate()?;
     match spec.transport {
         TransportKind::Stdio => {
             let command = spec.command.as_deref().unwrap_or_default();
             let mut cmd = tokio::process::Command::new(command);
-            cmd.args(&spec.args).env_clear().kill_on_drop(true);
+            cmd.args(&spec.args).env_clear();
             for name in ["PATH", "HOME", "LANG", "TZ"] {
                 if let Ok(v) = std::env::var(name) {
                     cmd.env(name, v);
                 }
             }
             cmd.envs(&spec.env);
-            let (transport, _stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
-                .stderr(std::process::Stdio::null())
-                .spawn()
+            let transport = stdio::ChildTransport::spawn(cmd, spec.max_result_bytes, group)
                 .map_err(|e| format!("cannot start `{command}`: {e}"))?;
-            listener
+            let client = listener
                 .serve(transport)
                 .await
-                .map_err(|e| format!("handshake failed: {e}"))
+                .map_err(|e| format!("handshake failed: {e}"))?;
+            Ok((client, Vec::new()))
         }
         TransportKind::Http => {
             use rmcp::transport::StreamableHttpClientTransport;
@@ -547,19 +674,27 @@ async fn connect(
                     .map_err(|e| format!("header `{k}`: {e}"))?;
                 custom.insert(name, value);
             }
-            let mut config =
-                StreamableHttpClientTransportConfig::with_uri(url).custom_headers(custom);
+            // A JSON answer is bounded as a whole, an SSE one per event (a little framing on
+            // top of the message).
+            let mut config = StreamableHttpClientTransportConfig::with_uri(url)
+                .custom_headers(custom)
+                .max_json_response_size(spec.max_result_bytes)
+                .max_sse_event_size(spec.max_result_bytes.saturating_add(1024));
             config.allow_stateless = true;
+            let mut obtained = Vec::new();
             if let Some(o) = &spec.oauth {
-                config = config.auth_header(upstream_token(o).await?);
+                let token = upstream_token(o).await?;
+                obtained.push(token.clone());
+                config = config.auth_header(token);
             }
-            listener
+            let client = listener
                 .serve(StreamableHttpClientTransport::with_client(
-                    traced::TracedClient::new().map_err(|e| e.to_string())?,
+                    traced::TracedClient::new(spec.max_result_bytes).map_err(|e| e.to_string())?,
                     config,
                 ))
                 .await
-                .map_err(|e| format!("cannot reach {url}: {e}"))
+                .map_err(|e| format!("cannot reach {url}: {e}"))?;
+            Ok((client, obtained))
         }
     }
 }
@@ -588,6 +723,8 @@ async fn upstream_token(o: &OAuthSpec) -> Result<String, String> {
 }
 
 fn set_status(shared: &Shared, state: &'static str, error: Option<String>) {
+    // A connection error can quote what the upstream said (or was sent); admins read it.
+    let error = error.map(|e| credentials::scrub_text(&e, &shared.credentials()));
     let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
     st.state = state;
     if error.is_some() || state == "up" {
@@ -605,6 +742,7 @@ async fn supervise(shared: Arc<Shared>, on_change: Arc<dyn Fn() + Send + Sync>) 
         let connected = match tokio::time::timeout(
             handshake,
             connect(
+                &shared.group,
                 &shared.spec,
                 Listener {
                     changed: shared.changed.clone(),
@@ -617,12 +755,21 @@ async fn supervise(shared: Arc<Shared>, on_change: Arc<dyn Fn() + Send + Sync>) 
             Err(_) => Err(format!("no handshake within {} ms", handshake.as_millis())),
         };
         match connected {
-            Ok(client) => {
+            Ok((client, obtained)) => {
+                *shared.credentials.lock().unwrap_or_else(|p| p.into_inner()) =
+                    credentials::of(&shared.spec, &obtained);
                 backoff = Duration::from_millis(500);
                 *shared.client.write().await = Some(client);
                 set_status(&shared, "up", None);
                 tracing::info!(upstream = %shared.group, "upstream connected");
+                let mut listed_at: Option<Instant> = None;
                 loop {
+                    // However often the upstream says its list changed, it is read at most
+                    // once per MIN_RELIST.
+                    if let Some(at) = listed_at {
+                        tokio::time::sleep_until((at + MIN_RELIST).into()).await;
+                    }
+                    listed_at = Some(Instant::now());
                     let listed = {
                         let guard = shared.client.read().await;
                         match guard.as_ref() {

@@ -3,14 +3,28 @@
 //! connection, not per message; a call's trace context travels inside the message instead
 //! (`_meta.traceparent`, `_meta.tracestate`) and is lifted into headers here, just before the
 //! POST that carries it.
+//!
+//! An answer past the upstream's size limit, which the SDK's client stops reading at the limit
+//! and reports as a failed POST or a broken event stream, is handed on instead as an error
+//! answer to the request it answered (see [`super::guard`]), as over stdio: the call fails at
+//! once saying why, and the connection and other calls are left alone.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use futures::StreamExt;
 use http::{HeaderName, HeaderValue};
 use reqwest013 as reqwest;
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, RequestParamsMeta};
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientRequest, RequestId, RequestParamsMeta, ServerJsonRpcMessage,
+};
 use rmcp::transport::common::client_side_sse::BoxedSseResponse;
+use sse_stream::{Error as SseError, Sse};
+
+use super::guard;
+
+/// The SDK's event stream of a POST answer.
+type BoxedSseStream = BoxedSseResponse;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
     StreamableHttpResponseLimits,
@@ -23,13 +37,13 @@ const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 const MAX_REDIRECTS: usize = 10;
 
 #[derive(Clone)]
-pub struct TracedClient(reqwest::Client);
+pub struct TracedClient(reqwest::Client, usize);
 
 impl TracedClient {
     /// The client the SDK would build: no idle connections kept, and only same-origin 307 and
     /// 308 redirects followed (they keep the method and body; any other would lose the message
     /// or replay the upstream's credentials to another host).
-    pub fn new() -> Result<Self, reqwest::Error> {
+    pub fn new(max_result_bytes: usize) -> Result<Self, reqwest::Error> {
         let policy = reqwest::redirect::Policy::custom(|attempt| {
             let keeps_body = matches!(
                 attempt.status(),
@@ -51,8 +65,49 @@ impl TracedClient {
             .pool_max_idle_per_host(0)
             .redirect(policy)
             .build()
-            .map(Self)
+            .map(|c| Self(c, max_result_bytes))
     }
+}
+
+/// Whether an event stream failed because one event passed its size limit (the SDK's error
+/// type for it is private; its message is the SDK's, pinned by version).
+fn event_too_large(e: &SseError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err
+            .to_string()
+            .starts_with("SSE event exceeded the maximum size")
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// `stream`, with an event past the size limit replaced by the refusal of request `id`.
+fn refusing(stream: BoxedSseStream, id: RequestId, limit: usize) -> BoxedSseStream {
+    futures::stream::unfold(Some(stream), move |stream| {
+        let id = id.clone();
+        async move {
+            let mut stream = stream?;
+            match stream.next().await? {
+                Err(e) if event_too_large(&e) => {
+                    let answer = ServerJsonRpcMessage::error(guard::refusal(limit), Some(id));
+                    let event = Sse {
+                        event: Some("message".into()),
+                        data: serde_json::to_string(&answer).ok(),
+                        id: None,
+                        retry: None,
+                    };
+                    // Nothing more is read from a stream that broke there.
+                    Some((Ok(event), None))
+                }
+                item => Some((item, Some(stream))),
+            }
+        }
+    })
+    .boxed()
 }
 
 /// Adds the trace context a tool call carries in its `_meta` to the request's headers.
@@ -126,7 +181,13 @@ impl StreamableHttpClient for TracedClient {
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
         let headers = with_trace(&message, custom_headers);
-        self.0
+        let id = match &message {
+            ClientJsonRpcMessage::Request(r) => Some(r.id.clone()),
+            _ => None,
+        };
+        let session = session_id.as_deref().map(str::to_owned);
+        let posted = self
+            .0
             .post_message_with_response_limits(
                 uri,
                 message,
@@ -135,7 +196,19 @@ impl StreamableHttpClient for TracedClient {
                 headers,
                 limits,
             )
-            .await
+            .await;
+        match (posted, id) {
+            (Err(StreamableHttpError::ResponseBodyTooLarge { .. }), Some(id)) => {
+                Ok(StreamableHttpPostResponse::Json(
+                    ServerJsonRpcMessage::error(guard::refusal(self.1), Some(id)),
+                    session,
+                ))
+            }
+            (Ok(StreamableHttpPostResponse::Sse(stream, session)), Some(id)) => Ok(
+                StreamableHttpPostResponse::Sse(refusing(stream, id, self.1), session),
+            ),
+            (posted, _) => posted,
+        }
     }
 
     async fn delete_session(

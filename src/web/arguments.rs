@@ -13,7 +13,7 @@ use super::grants::{CatalogOption, catalog_options};
 use super::session::redirect_with;
 use super::view::{Ctx, Flash, Nav, PageCtx, render, render_status};
 use crate::app::AppState;
-use crate::policy::arguments::RuleProblem;
+use crate::policy::arguments::{RuleProblem, Severity};
 use crate::service::{self, ServiceError};
 
 /// A saved rule, as the page lists it.
@@ -22,6 +22,8 @@ pub struct RuleRow {
     /// The rules as JSON text (`{"days":{"maximum":3}}`).
     pub params: String,
     pub problems: Vec<RuleProblem>,
+    /// Whether one of them is an error (a warning leaves the row as it is).
+    pub broken: bool,
 }
 
 /// What the preview shows: problems, and the narrowed schema of each tool the rule touches.
@@ -60,15 +62,19 @@ fn page(
         .record
         .arguments
         .iter()
-        .map(|r| RuleRow {
-            target: r.target.clone(),
-            params: serde_json::to_string(&r.params).unwrap_or_default(),
-            problems: view
+        .map(|r| {
+            let problems: Vec<RuleProblem> = view
                 .argument_problems
                 .iter()
                 .filter(|p| p.target == r.target)
                 .cloned()
-                .collect(),
+                .collect();
+            RuleRow {
+                target: r.target.clone(),
+                params: serde_json::to_string(&r.params).unwrap_or_default(),
+                broken: problems.iter().any(|p| p.severity == Severity::Error),
+                problems,
+            }
         })
         .collect();
     Ok(EditPage {

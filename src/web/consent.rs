@@ -45,9 +45,10 @@ struct ConsentPage {
     fields: Vec<(String, String)>,
 }
 
-/// A request refused before its redirect URI is trusted, as a page.
+/// A refused request, for the signed-in person: a page, or the error sent back to a client an
+/// admin registered.
 fn refused(state: &AppState, e: authorize::AuthorizeError) -> Response {
-    match e.redirect_or_message(&state.settings.issuer) {
+    match e.for_signed_in(&state.settings.issuer) {
         Ok(r) => r,
         Err(m) => WebError::BadRequest(m).into_response(),
     }
@@ -138,15 +139,18 @@ pub async fn submit(
         Err(r) => return Ok(r),
     };
     if form.get("decision").map(String::as_str) != Some("allow") {
-        return Ok(authorize::redirect_to(
-            &req.redirect_uri,
-            &[
-                ("error", "access_denied".to_owned()),
-                ("error_description", "the person declined".to_owned()),
-                ("state", req.state.clone()),
-                ("iss", state.settings.issuer.clone()),
-            ],
-        ));
+        // A declined request from a client identified by a URL is not bounced to its
+        // redirect URI either (RFC 9700 §4.11.2: declining is what a person does when the
+        // request looks wrong): a page says so, with a link the person may follow.
+        return Ok(authorize::AuthorizeError::Redirect {
+            redirect_uri: req.redirect_uri.clone(),
+            error: "access_denied",
+            description: "the person declined".to_owned(),
+            state: Some(req.state.clone()),
+            trusted: req.client.redirects_trusted(),
+        }
+        .for_signed_in(&state.settings.issuer)
+        .unwrap_or_else(|m| WebError::BadRequest(m).into_response()));
     }
     let agent = form.get("agent").map(String::as_str).unwrap_or("");
     authorize::issue_code(&state, &req, &admin.username, agent)

@@ -295,6 +295,21 @@ fn sso_event(
     e
 }
 
+/// A callback refusal's reason in fixed words (a provider's error text is the caller's).
+fn callback_reason(why: &str) -> &'static str {
+    const FIXED: [&str; 5] = [
+        "state mismatch",
+        "unknown or expired state",
+        "authorization response from another issuer",
+        "token exchange failed",
+        "ID token did not verify",
+    ];
+    FIXED
+        .into_iter()
+        .find(|f| *f == why)
+        .unwrap_or("provider error")
+}
+
 fn bounded(s: &str) -> String {
     s.chars().take(MAX_CLAIM_CHARS).collect()
 }
@@ -404,12 +419,12 @@ pub async fn callback(
     let sso = sso(&state)?;
     let origin = origin.map(|Extension(o)| o);
     let refuse = |outcome: Outcome, who: Option<&str>, why: &str, shown: String| {
-        state.audit.record_detached(sso_event(
-            outcome,
-            who,
-            Some(why.to_owned()),
-            origin.as_ref(),
-        ));
+        let event = sso_event(outcome, who, Some(why.to_owned()), origin.as_ref());
+        match who {
+            // Anyone can send a callback: identical refusals from one source share a row.
+            None => state.refusals.record(event, "web", callback_reason(why)),
+            Some(_) => state.audit.record_detached(event),
+        }
         let mut r = WebError::Forbidden(shown).into_response();
         r.headers_mut()
             .append(header::SET_COOKIE, flow_cookie(&state, "", 0));

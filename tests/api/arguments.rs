@@ -319,7 +319,7 @@ async fn wrong_rules_are_flagged_with_what_is_wrong(pool: PgPool) {
     // A malformed rule is refused outright.
     for bad in [
         json!({"days": {"maximun": 3}}),
-        json!({"days": {"type": "string"}}),
+        json!({"days": {"default": 3}}),
         json!({"days": 3}),
         json!({"city": {"pattern": "(("}}),
         json!([]),
@@ -635,4 +635,144 @@ async fn apply_warns_about_a_wrong_rule_and_strict_refuses_it(pool: PgPool) {
         "{}",
         agent.text
     );
+}
+
+/// A group whose `take` operation has a parameter of two types (`n`) and an untyped one (`u`),
+/// served by a script that answers with its arguments.
+fn loose_group() -> tempfile::TempDir {
+    let tools = tempfile::tempdir().unwrap();
+    crate::helpers::write_group(
+        tools.path(),
+        "loose",
+        &crate::helpers::single_op(
+            "take",
+            json!({"type": "object", "properties": {
+                "n": {"type": ["integer", "string"]},
+                "u": {"description": "anything"}}}),
+            json!({}),
+        ),
+        &[("take.sh", "#!/bin/sh\ncat\n")],
+    );
+    tools
+}
+
+/// Finding: `{"maximum": 3}` on a parameter typed `["integer","string"]` or untyped let
+/// `"999"`, `[100]` and `{"v":100}` through (JSON Schema's `maximum` ignores what is not a
+/// number), over MCP and REST, and nothing said the rule was loose.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_number_rule_refuses_values_that_are_not_numbers(pool: PgPool) {
+    let tools = loose_group();
+    let app = TestApp::with(
+        pool.clone(),
+        tools.path(),
+        None,
+        &["--script-sandbox", "off"],
+    )
+    .await;
+    let token = app.agent("a", &["loose"]).await;
+    let set = put_rules(
+        &app,
+        "a",
+        "loose__take",
+        json!({"n": {"maximum": 3}, "u": {"maximum": 3}}),
+    )
+    .await;
+    assert_eq!(set.status, StatusCode::OK, "{}", set.text);
+
+    for param in ["n", "u"] {
+        let other = if param == "n" { "u" } else { "n" };
+        for bad in [json!("999"), json!([100]), json!({"v": 100}), json!(true)] {
+            let args = json!({param: bad, other: 1});
+            let mcp = app.call(&token, "loose__take", args.clone()).await;
+            assert_eq!(
+                mcp.body["result"]["isError"], true,
+                "MCP let {args} through: {}",
+                mcp.text
+            );
+            let rest = app
+                .post_json("/tools/loose/take", Some(&token), args.clone())
+                .await;
+            assert_eq!(
+                rest.status,
+                StatusCode::BAD_REQUEST,
+                "REST let {args} through: {}",
+                rest.text
+            );
+        }
+    }
+    // What the rule allows still runs, on both surfaces.
+    let ok = app
+        .call(&token, "loose__take", json!({"n": 3, "u": 2.5}))
+        .await;
+    assert_eq!(ok.body["result"]["isError"], false, "{}", ok.text);
+    let ok = app
+        .post_json("/tools/loose/take", Some(&token), json!({"n": -1, "u": 0}))
+        .await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.text);
+    // Nothing refused ever ran.
+    let started: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE tool = 'loose__take' AND outcome = 'started'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(started, 2);
+
+    // The model is told the type the rule holds it to.
+    let list = app.mcp(Some(&token), "tools/list", json!({})).await;
+    let props = &listed(&list.body, "loose__take")["inputSchema"]["properties"];
+    assert_eq!(props["n"]["type"], json!(["integer"]), "{props}");
+    assert_eq!(props["u"]["type"], "number", "{props}");
+
+    // And the API says that the rule narrows the type too: a warning on each parameter.
+    let problems = set.body["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 2, "{}", set.text);
+    for p in problems {
+        assert_eq!(p["kind"], "other_types", "{p}");
+        assert_eq!(p["severity"], "warning", "{p}");
+        assert!(
+            p["message"]
+                .as_str()
+                .unwrap()
+                .contains("refuses every value that is not a number"),
+            "{p}"
+        );
+    }
+    let agent = app.admin("GET", "/api/v1/agents/a", None).await;
+    assert_eq!(
+        agent.body["agent"]["problems"].as_array().unwrap().len(),
+        2,
+        "{}",
+        agent.text
+    );
+}
+
+#[test]
+fn policy_check_flags_a_number_rule_on_a_parameter_of_other_types() {
+    let tools = loose_group();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("agents/a");
+    std::fs::create_dir_all(&agent).unwrap();
+    std::fs::write(
+        agent.join("agent.md"),
+        "---\ntools: [loose]\narguments:\n  loose__take:\n    n: {maximum: 3}\n    u: {pattern: '^a'}\n---\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["policy", "check", "--dir"])
+        .arg(dir.path())
+        .arg("--tools-dir")
+        .arg(tools.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("agents/a/agent.md:5: warning: rule on `n` of `loose__take`"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("agents/a/agent.md:6: warning: rule on `u` of `loose__take`"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("not a string"), "{stdout}");
 }

@@ -21,6 +21,8 @@ use crate::web::Browser;
 
 const VERIFIER: &str = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk-and-some-more";
 const REDIRECT: &str = "http://127.0.0.1/callback";
+/// Where an outsider's metadata document sends browsers back to.
+const ATTACKER: &str = "https://attacker.example/phish";
 
 fn challenge(verifier: &str) -> String {
     URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()))
@@ -50,6 +52,20 @@ async fn document_server() -> SocketAddr {
             }
         }
     };
+    // An outsider's document: its redirect URI is the outsider's own https page.
+    let evil = {
+        let base = base.clone();
+        move || {
+            let base = base.clone();
+            async move {
+                axum::Json(json!({
+                    "client_id": format!("{base}/evil.json"),
+                    "client_name": "Helpful Host",
+                    "redirect_uris": [ATTACKER],
+                }))
+            }
+        }
+    };
     let big = || async {
         let chunk = bytes::Bytes::from(vec![b' '; 16 * 1024]);
         let s = futures::stream::iter((0..8).map(move |_| Ok::<_, std::io::Error>(chunk.clone())));
@@ -63,6 +79,7 @@ async fn document_server() -> SocketAddr {
     use futures::StreamExt;
     let app = Router::new()
         .route("/client.json", get(doc))
+        .route("/evil.json", get(evil))
         .route("/big.json", get(big))
         .route("/stalls.json", get(stalls));
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -345,11 +362,7 @@ async fn pkce_is_required_s256_only_and_checked(pool: PgPool) {
         let r = b
             .get(&authorize_url(&h.client_id(), REDIRECT, &extra))
             .await;
-        assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
-        let q = query_of(&location(&r));
-        assert_eq!(q["error"], "invalid_request", "{q:?}");
-        assert!(q["error_description"].contains(what), "{q:?}");
-        assert!(!q.contains_key("code"));
+        refused_on_a_page(&r, what);
     }
     // The right code with the wrong verifier: refused, and the code is spent.
     let code = code_for(&h, &mut b, REDIRECT).await;
@@ -463,11 +476,7 @@ async fn state_is_required(pool: PgPool) {
     let r = b
         .get(&authorize_url(&h.client_id(), REDIRECT, &[("state", "")]))
         .await;
-    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
-    let q = query_of(&location(&r));
-    assert_eq!(q["error"], "invalid_request");
-    assert!(q["error_description"].contains("state"), "{q:?}");
-    assert!(!q.contains_key("code"));
+    refused_on_a_page(&r, "state is required");
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
@@ -515,14 +524,105 @@ async fn consent_needs_the_session_csrf_token_and_an_agent_the_person_may_act_as
         login.starts_with("/admin/login?next=%2Fadmin%2Fconsent%3F"),
         "{login}"
     );
-    // Declining tells the host so.
+    // Declining a client identified by a URL says so on a page, with a link back to the
+    // host carrying the answer, for the person to follow.
     let mut form: Vec<(&str, &str)> = fields
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     form.push(("decision", "deny"));
     let r = b.post("/admin/consent", &form).await;
-    assert_eq!(query_of(&location(&r))["error"], "access_denied");
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.headers.get(header::LOCATION).is_none());
+    let back = link_back(&r.text).expect("a link back to the host");
+    assert_eq!(query_of(&back)["error"], "access_denied");
+    assert_eq!(query_of(&back)["state"], "st-123");
+}
+
+/// The page's link back to the application, if it offers one.
+fn link_back(html: &str) -> Option<String> {
+    let at = html.find("id=\"authorize-back\"")?;
+    let rest = &html[at..];
+    let href = &rest[rest.find("href=\"")? + "href=\"".len()..];
+    Some(href[..href.find('"')?].replace("&amp;", "&"))
+}
+
+/// Refused with a page saying `what`, and no redirect at all.
+fn refused_on_a_page(r: &Reply, what: &str) {
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert!(r.headers.get(header::LOCATION).is_none(), "{:?}", r.headers);
+    assert!(r.text.contains(what), "{what}: {}", r.text);
+}
+
+/// RFC 9700 §4.11.2: anyone can publish a metadata document naming their own https page as
+/// its redirect URI; an authorize request that fails must not bounce a browser there.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_url_client_cannot_bounce_a_browser_to_its_redirect_uri(pool: PgPool) {
+    let h = setup(pool).await;
+    let evil = format!("http://{}/evil.json", h.docs);
+    // The request as found: an implicit-grant response type, nobody signed in.
+    let mut stranger = Browser::new(&h.app);
+    let url = format!(
+        "/oauth/authorize?{}",
+        url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs([
+                ("client_id", evil.as_str()),
+                ("redirect_uri", ATTACKER),
+                ("response_type", "token"),
+            ])
+            .finish()
+    );
+    let r = stranger.get(&url).await;
+    refused_on_a_page(&r, "response_type must be code");
+    assert!(!r.text.contains(ATTACKER), "{}", r.text);
+    // Every other error after the redirect URI is matched: a page too.
+    for (extra, what) in [
+        (vec![("state", "")], "state is required"),
+        (vec![("code_challenge", "")], "code_challenge is required"),
+        (vec![("code_challenge_method", "plain")], "S256"),
+        (
+            vec![("resource", "https://elsewhere.example/mcp")],
+            "resource must be",
+        ),
+        (vec![("scope", "admin")], "unknown scope"),
+    ] {
+        let r = stranger.get(&authorize_url(&evil, ATTACKER, &extra)).await;
+        refused_on_a_page(&r, what);
+        assert!(!r.text.contains("authorize-back"), "{}", r.text);
+    }
+    // Signed in, the person is told, and may follow a link back; nothing redirects.
+    let mut alice = Browser::signed_in(&h.app, "alice", "viewer").await;
+    let r = alice
+        .get(
+            &authorize_url(&evil, ATTACKER, &[("state", "")])
+                .replace("/oauth/authorize", "/admin/consent"),
+        )
+        .await;
+    refused_on_a_page(&r, "state is required");
+    let back = link_back(&r.text).expect("a link back");
+    assert!(back.starts_with(ATTACKER), "{back}");
+    // A request that passes still needs the person: declining stays on a page.
+    let page = consent_page(&mut alice, &authorize_url(&evil, ATTACKER, &[])).await;
+    let mut form: Vec<(String, String)> = hidden_fields(&page.text);
+    form.push(("decision".into(), "deny".into()));
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let r = alice.post("/admin/consent", &form).await;
+    assert!(r.headers.get(header::LOCATION).is_none(), "{:?}", r.headers);
+    // An admin-registered client, whose redirect URIs an admin vetted, is told at its URI.
+    let r = h
+        .app
+        .admin(
+            "PUT",
+            "/api/v1/public-clients/inspector",
+            Some(json!({"client_name": "MCP Inspector", "redirect_uris": [REDIRECT]})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
+    let r = stranger
+        .get(&authorize_url("inspector", REDIRECT, &[("state", "")]))
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    assert_eq!(query_of(&location(&r))["error"], "invalid_request");
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
@@ -563,6 +663,49 @@ async fn metadata_documents_on_inside_addresses_are_refused_without_the_flag(poo
         assert!(r.text.contains(says), "{client_id}: {}", r.text);
         assert!(r.headers.get(header::LOCATION).is_none());
     }
+}
+
+/// The fence before fetching an outsider's document: addresses that embed or reach an inside
+/// address (IPv4-compatible, Teredo, the 6to4 relay anycast, NAT64) are refused before any
+/// connection is tried, and the page never says what a name resolves to, nor whether it does.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn the_fetch_fence_refuses_special_blocks_and_tells_nothing_of_dns(pool: PgPool) {
+    let app = TestApp::with(pool, &repo_path("tools"), Some(&repo_path("policies")), &[]).await;
+    let mut b = Browser::new(&app);
+    let mut refusals = Vec::new();
+    for client_id in [
+        "https://[::7f00:1]/client.json",
+        "https://[::a00:1]/client.json",
+        "https://[2001::1]/client.json",
+        "https://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/client.json",
+        "https://[64:ff9b::7f00:1]/client.json",
+        "https://[2002:7f00:1::1]/client.json",
+        "https://[::ffff:7f00:1]/client.json",
+        "https://192.88.99.1/client.json",
+        "https://192.0.0.9/client.json",
+        "https://localhost/client.json",
+        "https://no-such-host.invalid/client.json",
+    ] {
+        let r = b.get(&authorize_url(client_id, REDIRECT, &[])).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{client_id}: {}", r.text);
+        assert!(r.headers.get(header::LOCATION).is_none());
+        assert!(
+            r.text.contains("will not connect"),
+            "{client_id} must be refused before connecting: {}",
+            r.text
+        );
+        for address in ["127.0.0.1", "::1", "0:0:0:0:0:0:0:1"] {
+            assert!(
+                !r.text.contains(address),
+                "{client_id}: the page names an address: {}",
+                r.text
+            );
+        }
+        refusals.push(r.text);
+    }
+    // A name resolving inside and a name that does not resolve read the same.
+    let (inside, nowhere) = (&refusals[refusals.len() - 2], &refusals[refusals.len() - 1]);
+    assert_eq!(inside, nowhere);
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]

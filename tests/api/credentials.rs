@@ -100,23 +100,16 @@ fn assert_limited(r: &Reply, what: &str) {
     assert!(secs >= 1, "{what}: Retry-After {secs}");
 }
 
-/// Waits (with a deadline) until the detached audit events show up.
-async fn audited(pool: &PgPool, resource: &str, outcome: &str, at_least: i64) -> i64 {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM audit_events WHERE event_type = 'client_auth.failed' AND resource = $1 AND outcome = $2",
-        )
-        .bind(resource)
-        .bind(outcome)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if n >= at_least || Instant::now() > deadline {
-            return n;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// The refused credential checks on record for `resource` with `outcome` (rows, and the counts
+/// of summary rows for identical refusals from one source).
+async fn audited(app: &TestApp, resource: &str, outcome: &str) -> i64 {
+    crate::helpers::refusals_on_record(
+        app,
+        &format!(
+            "event_type = 'client_auth.failed' AND resource = '{resource}' AND outcome = '{outcome}'"
+        ),
+    )
+    .await
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
@@ -146,10 +139,10 @@ async fn wrong_secrets_for_one_client_are_refused_before_hashing_from_any_addres
     let other = token(&app, "10.1.0.0", &other_id, &other_secret).await;
     assert_eq!(other.status, StatusCode::OK, "{}", other.text);
     assert_eq!(
-        audited(&pool, "/oauth/token", "denied", i64::from(refused)).await,
+        audited(&app, "/oauth/token", "denied").await,
         i64::from(refused)
     );
-    assert_eq!(audited(&pool, "/oauth/token", "rate_limited", 2).await, 2);
+    assert_eq!(audited(&app, "/oauth/token", "rate_limited").await, 2);
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
@@ -180,13 +173,10 @@ async fn one_address_has_one_failure_budget_across_every_credential_endpoint(poo
     let other = admin_api(&app, "192.0.2.51", Some(ADMIN_TOKEN)).await;
     assert_eq!(other.status, StatusCode::OK, "{}", other.text);
 
-    assert_eq!(
-        audited(&pool, "/api/v1", "denied", i64::from(denied)).await,
-        i64::from(denied)
-    );
-    assert!(audited(&pool, "/api/v1", "rate_limited", 2).await >= 2);
-    assert!(audited(&pool, "/oauth/introspect", "rate_limited", 1).await >= 1);
-    assert!(audited(&pool, "/oauth/revoke", "rate_limited", 1).await >= 1);
+    assert_eq!(audited(&app, "/api/v1", "denied").await, i64::from(denied));
+    assert!(audited(&app, "/api/v1", "rate_limited").await >= 2);
+    assert!(audited(&app, "/oauth/introspect", "rate_limited").await >= 1);
+    assert!(audited(&app, "/oauth/revoke", "rate_limited").await >= 1);
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
@@ -218,17 +208,11 @@ async fn revocation_and_introspection_floods_are_answered_429(pool: PgPool) {
         assert_eq!(r.status, StatusCode::UNAUTHORIZED);
     }
     assert_eq!(
-        audited(&pool, "/oauth/revoke", "denied", i64::from(revoke_denied)).await,
+        audited(&app, "/oauth/revoke", "denied").await,
         i64::from(revoke_denied)
     );
     assert_eq!(
-        audited(
-            &pool,
-            "/oauth/introspect",
-            "denied",
-            i64::from(introspect_denied)
-        )
-        .await,
+        audited(&app, "/oauth/introspect", "denied").await,
         i64::from(introspect_denied)
     );
 }

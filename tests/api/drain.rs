@@ -16,8 +16,8 @@ use crate::helpers::{single_op, write_group};
 
 const ADMIN_TOKEN: &str = "drain-admin-token";
 
-struct Server {
-    child: tokio::process::Child,
+pub(crate) struct Server {
+    pub(crate) child: tokio::process::Child,
     base: String,
     logs: tempfile::NamedTempFile,
     http: reqwest::Client,
@@ -62,7 +62,7 @@ fn database_url(pool: &PgPool) -> String {
     )
 }
 
-async fn start(pool: &PgPool, root: &Path, drain: &[&str]) -> Server {
+pub(crate) async fn start(pool: &PgPool, root: &Path, drain: &[&str]) -> Server {
     let (tools, policies, _) = fixture(root);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -115,11 +115,11 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.logs.path()).unwrap_or_default()
     }
 
-    async fn token(&self) -> String {
+    pub(crate) async fn token(&self) -> String {
         let r: Value = self
             .http
             .post(self.url("/api/v1/agents/drainer/clients"))
@@ -149,7 +149,10 @@ impl Server {
     }
 
     /// One call of `slow__wait` on its own connection; its status and whole body.
-    fn call(&self, token: &str) -> tokio::task::JoinHandle<Result<(u16, String), String>> {
+    pub(crate) fn call(
+        &self,
+        token: &str,
+    ) -> tokio::task::JoinHandle<Result<(u16, String), String>> {
         let url = self.url("/tools/slow/wait");
         let token = token.to_owned();
         tokio::spawn(async move {
@@ -179,7 +182,7 @@ impl Server {
             .map(|r| r.status().as_u16())
     }
 
-    fn sigterm(&self) {
+    pub(crate) fn sigterm(&self) {
         kill(
             Pid::from_raw(self.child.id().unwrap() as i32),
             Signal::SIGTERM,
@@ -360,4 +363,66 @@ async fn mcp_offers_no_standing_event_stream_to_hold_a_drain(pool: PgPool) {
         .unwrap();
 
     assert_eq!(r.status(), 405);
+}
+
+/// The rows written since the last periodic checkpoint are signed at drain: the instance's
+/// last row is covered when the process has exited.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_drain_signs_a_checkpoint_over_the_last_row(pool: PgPool) {
+    let root = tempfile::tempdir().unwrap();
+    let key = root.path().join("checkpoint.key");
+    let keygen = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["audit", "keygen", "--out"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(keygen.status.success());
+    // No periodic checkpoint after the first: only the drain can sign the call's rows.
+    let server = start(
+        &pool,
+        root.path(),
+        &[
+            "--audit-checkpoint-key",
+            key.to_str().unwrap(),
+            "--audit-checkpoint-secs",
+            "3600",
+            "--drain-grace-secs",
+            "0",
+        ],
+    )
+    .await;
+    std::fs::write(root.path().join("sync/release"), b"").unwrap();
+    let token = server.token().await;
+    let (status, body) = server.call(&token).await.unwrap().unwrap();
+    assert_eq!(status, 200, "{body}");
+
+    server.sigterm();
+    let mut child = server.child;
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the process outlived its drain deadline")
+        .unwrap();
+    let log = std::fs::read_to_string(server.logs.path()).unwrap();
+    assert!(status.success(), "{status:?}: {log}");
+
+    let (chain, last, hash): (String, i64, String) = sqlx::query_as(
+        "SELECT chain, last_seq, last_hash FROM audit_chain_heads WHERE chain <> 'control-plane'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let bodies: Vec<String> =
+        sqlx::query_scalar("SELECT body FROM audit_checkpoints ORDER BY id DESC")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let newest: Value = serde_json::from_str(&bodies[0]).unwrap();
+    assert!(
+        newest["heads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["chain"] == chain && h["last_seq"] == last && h["last_hash"] == hash),
+        "the newest checkpoint does not cover row {last} of {chain}: {newest}\n{log}"
+    );
 }

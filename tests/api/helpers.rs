@@ -319,3 +319,19 @@ where
     }
     panic!("{what}: not within {deadline:?}");
 }
+
+/// Refusals on record among the audit rows matching `filter` (an SQL condition): one per row,
+/// plus the repeats each summary row counts (identical refusals from one source are written as
+/// their first row and one row with their count, see `toolgate::limits::refusals`). The open
+/// summaries and the audit log are flushed first, so every refusal made so far is counted.
+pub async fn refusals_on_record(app: &TestApp, filter: &str) -> i64 {
+    app.state.refusals.flush();
+    app.state.audit.flush().await.unwrap();
+    sqlx::query_scalar(&format!(
+        "SELECT COALESCE(SUM(COALESCE((details::jsonb #>> '{{summary,repeats}}')::bigint, 1)), 0)::bigint
+         FROM audit_events WHERE {filter}"
+    ))
+    .fetch_one(&app.state.db)
+    .await
+    .unwrap()
+}

@@ -714,7 +714,14 @@ async fn spawn_cost() {
         let mut t_prepare: Vec<Duration> = Vec::new();
         for _ in 0..runs {
             let started = Instant::now();
-            drop(spec.group.sandbox.prepare(spec.workdir()).await.unwrap());
+            let copies = spec.group.copies.as_ref().map(|c| c.files());
+            drop(
+                spec.group
+                    .sandbox
+                    .prepare(spec.workdir(), copies.as_deref())
+                    .await
+                    .unwrap(),
+            );
             t_prepare.push(started.elapsed());
         }
         println!(

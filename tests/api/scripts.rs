@@ -109,10 +109,11 @@ async fn misbehaving_scripts_get_clear_errors(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
-async fn the_environment_is_cleared_except_the_allow_list(pool: PgPool) {
+async fn the_environment_is_cleared_except_the_fixed_and_declared_variables(pool: PgPool) {
     let root = tempfile::tempdir().unwrap();
     let mut doc = single_op("env", obj(), json!({}));
-    // cargo and nextest set CARGO_* variables for the test process; only the declared one passes.
+    // cargo and nextest set CARGO_* variables for the test process: declared or not, none is
+    // the script's (a declared variable's value comes from TOOLGATE_SCRIPT_ENV_<NAME>).
     doc["x-toolgate-env"] = json!(["CARGO_PKG_NAME"]);
     write_group(
         root.path(),
@@ -132,8 +133,8 @@ async fn the_environment_is_cleared_except_the_allow_list(pool: PgPool) {
         .await;
 
     let vars = r.body["vars"].as_str().unwrap();
-    assert!(vars.contains("CARGO_PKG_NAME"), "{vars}");
     assert!(vars.contains("PATH"), "{vars}");
+    assert!(!vars.contains("CARGO_PKG_NAME"), "{vars}");
     assert!(!vars.contains("CARGO_MANIFEST_DIR"), "{vars}");
     assert!(!vars.contains("DATABASE_URL"), "{vars}");
     assert!(
@@ -141,6 +142,157 @@ async fn the_environment_is_cleared_except_the_allow_list(pool: PgPool) {
         "{}",
         r.text
     );
+}
+
+/// A script that prints every variable it got, as one JSON object.
+const PRINT_ENV: &str =
+    "#!/usr/bin/env python3\nimport json, os\nprint(json.dumps(dict(os.environ)))\n";
+
+/// Issue 28, finding 1: a group listing the gateway's own variables in `x-toolgate-env` got
+/// their values (the admin token, the database URL, the OIDC client secret). Performed against
+/// a real `toolgate serve` holding them where an operator puts them, in its environment.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_group_naming_the_gateways_variables_gets_none_of_them(pool: PgPool) {
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let db_url = format!("postgres://root@127.0.0.1:5432/{db}");
+    let root = tempfile::tempdir().unwrap();
+    for (group, names) in [
+        // The gateway's own configuration, by name: refused at load.
+        (
+            "grab",
+            json!(["TOOLGATE_ADMIN_TOKEN", "TOOLGATE_OIDC_CLIENT_SECRET"]),
+        ),
+        // Names the gateway's environment has too: the script gets only what the operator
+        // declared for scripts, under TOOLGATE_SCRIPT_ENV_<NAME>.
+        ("leak", json!(["DATABASE_URL", "PGPASSWORD", "API_KEY"])),
+    ] {
+        let mut doc = single_op("env", obj(), json!({}));
+        doc["x-toolgate-env"] = names;
+        write_group(root.path(), group, &doc, &[("env.py", PRINT_ENV)]);
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let base = format!("http://127.0.0.1:{port}");
+    let admin_token = "env-admin-secret-5f1c";
+    let _server = tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .arg("--tools-dir")
+        .arg(root.path())
+        .args(["--policies-dir", "/nonexistent"])
+        .env("DATABASE_URL", &db_url)
+        .env("TOOLGATE_ADMIN_TOKEN", admin_token)
+        .env("TOOLGATE_OIDC_CLIENT_SECRET", "oidc-secret-77ab")
+        .env("PGPASSWORD", "pg-password-3e9d")
+        .env("API_KEY", "the-gateways-own-api-key")
+        .env("TOOLGATE_SCRIPT_ENV_API_KEY", "the-scripts-api-key")
+        .env("TOOLGATE_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !http
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "toolgate serve never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let admin = |r: reqwest::RequestBuilder| r.bearer_auth(admin_token);
+    let r = admin(http.post(format!("{base}/api/v1/agents")))
+        .json(&json!({"name": "author"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    for g in ["grab", "leak"] {
+        admin(http.post(format!("{base}/api/v1/agents/author/grants")))
+            .json(&json!({"target": g}))
+            .send()
+            .await
+            .unwrap();
+    }
+    let client: Value = admin(http.post(format!("{base}/api/v1/agents/author/clients")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token: Value = http
+        .post(format!("{base}/oauth/token"))
+        .basic_auth(
+            client["client_id"].as_str().unwrap(),
+            client["client_secret"].as_str(),
+        )
+        .form(&[("grant_type", "client_credentials")])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = token["access_token"].as_str().unwrap();
+    let call = |group: &str| {
+        http.post(format!("{base}/tools/{group}/env"))
+            .bearer_auth(token)
+            .json(&json!({}))
+            .send()
+    };
+    let secrets = [
+        admin_token,
+        "oidc-secret-77ab",
+        "pg-password-3e9d",
+        "the-gateways-own-api-key",
+        db_url.as_str(),
+    ];
+
+    let grab = call("grab").await.unwrap();
+    let (status, text) = (grab.status(), grab.text().await.unwrap());
+    for s in secrets {
+        assert!(!text.contains(s), "the script got {s}: {text}");
+    }
+    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    let errors: Value = admin(http.get(format!("{base}/api/v1/pool/errors")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let reason = errors["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["folder"] == "grab")
+        .map(|e| e["reason"].as_str().unwrap().to_owned())
+        .unwrap_or_else(|| panic!("grab loaded: {errors}"));
+    assert!(
+        reason.contains("`TOOLGATE_ADMIN_TOKEN` is the gateway's own configuration"),
+        "{reason}"
+    );
+
+    let leak = call("leak").await.unwrap();
+    let (status, text) = (leak.status(), leak.text().await.unwrap());
+    for s in secrets {
+        assert!(!text.contains(s), "the script got {s}: {text}");
+    }
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let vars: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(vars["API_KEY"], "the-scripts-api-key", "{vars}");
+    assert!(vars.get("DATABASE_URL").is_none(), "{vars}");
+    assert!(vars.get("PGPASSWORD").is_none(), "{vars}");
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
