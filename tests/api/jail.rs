@@ -487,6 +487,9 @@ async fn a_reload_keeps_a_groups_jail_and_a_recreated_folder_gets_a_new_one(pool
     let root = tempfile::tempdir().unwrap();
     let doc = single_op("run", obj(), json!({}));
     write_group(root.path(), "g", &doc, &[("run.sh", &script(1))]);
+    // A data file whose content changes below: the group's copies (its scripts and the names
+    // of its entries) stay the same, and so does its jail.
+    std::fs::write(root.path().join("g/notes.txt"), "first").unwrap();
     let app = TestApp::with(pool, root.path(), None, &[]).await;
     let token = app.agent("caller", &["g"]).await;
     let call = || app.post_json("/tools/g/run", Some(&token), json!({}));
