@@ -183,14 +183,9 @@ fn check_sandbox(settings: &SandboxSettings) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    if settings.user.is_none() && nix::unistd::Uid::effective().is_root() {
-        tracing::warn!(
-            "tool scripts run as root (no --script-user): the process limit (RLIMIT_NPROC) does not bind them, and file permissions do not stop them"
-        );
-    }
     let gaps = crate::pool::sandbox::host().gaps();
     if gaps.is_empty() {
-        tracing::info!(user = ?settings.user.as_ref().map(|u| &u.name), "tool scripts run sandboxed (Landlock, PID namespace, resource limits)");
+        tracing::info!(user = ?settings.identity().map(|u| &u.name), "tool scripts run sandboxed (Landlock, PID namespace, mount and network namespaces, a user namespace per call, resource limits)");
         return Ok(());
     }
     if settings.mode == Mode::Required {

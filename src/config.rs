@@ -145,7 +145,8 @@ pub struct ServeArgs {
     /// the rest, `required` refuses to start unless every layer works, `off` runs them unconfined.
     #[arg(long, env = "TOOLGATE_SCRIPT_SANDBOX", default_value = "auto")]
     pub script_sandbox: ScriptSandbox,
-    /// Run tool scripts under this user's uid, gid and groups.
+    /// Run tool scripts under this user's uid, gid and groups (a gateway running as root
+    /// runs them as `nobody` without it).
     #[arg(long, env = "TOOLGATE_SCRIPT_USER")]
     pub script_user: Option<String>,
     /// Extra paths sandboxed scripts may read and execute (besides the system paths, the

@@ -292,13 +292,10 @@ pub fn load_group(
             .map_err(|e| fail(&spec_file, format!("`x-toolgate-audit` is invalid: {e}")))?,
     };
     let audit = Arc::new(audit);
-    let sandbox = Sandbox {
-        settings: settings.sandbox.clone(),
-        limits: match doc.get("x-toolgate-sandbox") {
-            None => GroupLimits::default(),
-            Some(v) => GroupLimits::from_json(v)
-                .map_err(|e| fail(&spec_file, format!("`x-toolgate-sandbox` is invalid: {e}")))?,
-        },
+    let limits = match doc.get("x-toolgate-sandbox") {
+        None => GroupLimits::default(),
+        Some(v) => GroupLimits::from_json(v)
+            .map_err(|e| fail(&spec_file, format!("`x-toolgate-sandbox` is invalid: {e}")))?,
     };
     // Every group-level setting, as written: what the hash covers and an admin reviews. Raw,
     // so that a setting this version does not read yet is covered too.
@@ -574,6 +571,12 @@ pub fn load_group(
             })?)
         }
     };
+    let sandbox = Sandbox::new(
+        settings.sandbox.clone(),
+        limits,
+        folder,
+        copies.as_ref().map(|c| c.files()).as_deref(),
+    );
     let group_spec = Arc::new(ScriptGroup {
         name: group.into_boxed_str(),
         workdir: folder.to_path_buf(),

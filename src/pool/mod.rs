@@ -5,7 +5,9 @@
 
 pub mod copies;
 pub mod definition;
+pub mod egress;
 pub mod env;
+pub mod jail;
 pub mod loader;
 pub mod runner;
 pub mod sandbox;

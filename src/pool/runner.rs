@@ -153,6 +153,7 @@ pub async fn run(
         .group
         .sandbox
         .prepare(spec.workdir(), copies.as_deref())
+        .await
     {
         Ok(Some((confine, dir))) => {
             env.retain(|(n, _)| n != "TMPDIR");

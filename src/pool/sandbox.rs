@@ -4,16 +4,23 @@
 //!   `PATH`; write only a per-call temporary directory (`TMPDIR`, removed after the call);
 //!   no `/proc` at all (the gateway's command line there is world-readable); no signals to and
 //!   no abstract sockets of processes outside the sandbox; optionally no TCP.
+//! - **A jail per group** ([`super::jail`]): a mount namespace whose root holds only the paths
+//!   above, and a network namespace with only loopback, left only through the pairs the group
+//!   lists in `egress` ([`super::egress`]).
+//! - **An unprivileged identity**: `--script-user`, or `nobody` for a gateway running as root.
+//! - **A user namespace per call**, entered after the uid change: the process limit
+//!   (`RLIMIT_NPROC`), which the kernel counts per user *and* user namespace since Linux
+//!   5.14, binds each call on its own, not every call of the same user together.
 //! - **A PID namespace whose init is the script**: when the script exits or is killed, the
 //!   kernel kills everything it started, `setsid` or not.
 //! - **`PR_SET_PDEATHSIG`**: a script dies with the gateway, even after `kill -9`.
-//! - **Resource limits** per group, and optionally a dedicated uid.
+//! - **Resource limits** per group.
 //!
 //! Everything is built in the parent; [`super::spawn`] takes the steps between clone and `exec`.
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use landlock::{
     ABI, Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreated,
@@ -22,6 +29,8 @@ use landlock::{
 use nix::sys::resource::Resource;
 use nix::unistd::{Gid, Pid, Uid};
 
+use super::egress::Egress;
+use super::jail::{DEVICES, Jail, JailKey, TMP_PREFIX};
 use super::spawn::Confine;
 use serde::Deserialize;
 
@@ -32,15 +41,6 @@ const ABI_WANTED: ABI = ABI::V6;
 /// Read-only system paths; missing ones are skipped.
 const SYSTEM_PATHS: [&str; 9] = [
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
-];
-
-/// Device nodes every script may read and write.
-const DEVICES: [&str; 5] = [
-    "/dev/null",
-    "/dev/zero",
-    "/dev/full",
-    "/dev/random",
-    "/dev/urandom",
 ];
 
 /// How hard the gateway tries to confine scripts (`--script-sandbox`).
@@ -59,10 +59,19 @@ pub enum Mode {
 #[derive(Debug, Clone, Default)]
 pub struct SandboxSettings {
     pub mode: Mode,
-    /// Scripts run under this uid and gid when set.
+    /// Scripts run under this uid and gid when set (`--script-user`).
     pub user: Option<ScriptUser>,
+    /// Who scripts run as when no `--script-user` is given: `nobody` for a gateway running as
+    /// root, so that root-only files (`/etc/shadow`) are out of their reach.
+    pub default_user: Option<ScriptUser>,
     /// Read-only paths besides the system ones: `PATH` entries, their prefixes, extra paths.
     pub read_paths: Vec<PathBuf>,
+    /// The system paths and `read_paths`: what a group's minimal root holds besides its own
+    /// folder.
+    pub jail_read_paths: Arc<[PathBuf]>,
+    /// The layers of the perimeter: the jail, the per-call user namespace and the default
+    /// unprivileged identity. Always on in the gateway; off only to measure what they cost.
+    pub isolate: bool,
 }
 
 impl SandboxSettings {
@@ -73,11 +82,29 @@ impl SandboxSettings {
         read_paths.extend(extra.iter().cloned());
         read_paths.sort();
         read_paths.dedup();
+        let jail_read_paths = SYSTEM_PATHS
+            .iter()
+            .map(PathBuf::from)
+            .chain(read_paths.iter().cloned())
+            .collect();
+        let default_user = (user.is_none() && Uid::effective().is_root()).then(ScriptUser::nobody);
         Self {
             mode,
             user,
+            default_user,
             read_paths,
+            jail_read_paths,
+            isolate: true,
         }
+    }
+
+    /// Who scripts run as, if not as the gateway's own user.
+    pub fn identity(&self) -> Option<&ScriptUser> {
+        self.user.as_ref().or(if self.isolate {
+            self.default_user.as_ref()
+        } else {
+            None
+        })
     }
 }
 
@@ -116,6 +143,21 @@ pub struct ScriptUser {
 }
 
 impl ScriptUser {
+    /// `nobody` without supplementary groups: the user that owns nothing (65534 where the
+    /// system does not name it).
+    pub fn nobody() -> Self {
+        let user = nix::unistd::User::from_name("nobody").ok().flatten();
+        let (uid, gid) = user.map_or((Uid::from_raw(65534), Gid::from_raw(65534)), |u| {
+            (u.uid, u.gid)
+        });
+        Self {
+            name: "nobody".into(),
+            uid,
+            gid,
+            groups: vec![gid],
+        }
+    }
+
     pub fn lookup(name: &str) -> Result<Self, String> {
         let user = nix::unistd::User::from_name(name)
             .map_err(|e| format!("cannot look up script user `{name}`: {e}"))?
@@ -139,14 +181,18 @@ impl ScriptUser {
 pub struct GroupLimits {
     /// Address space of each process, in MiB (`RLIMIT_AS`).
     pub address_space_mb: u64,
-    /// Processes of the script's uid (`RLIMIT_NPROC`); does not bind root.
+    /// Processes (and threads) of one call (`RLIMIT_NPROC`, counted per call in the call's
+    /// own user namespace; without one, per uid, and not at all for root).
     pub processes: u64,
     /// Largest file a script may write, in MiB (`RLIMIT_FSIZE`).
     pub file_size_mb: u64,
     /// CPU time of each process, in seconds (`RLIMIT_CPU`).
     pub cpu_seconds: u64,
-    /// TCP connect and bind; `false` refuses both (Landlock), UDP and UNIX sockets stay open.
+    /// TCP connect and bind; `false` refuses both (Landlock), even on the jail's loopback.
     pub network: bool,
+    /// The `host:port` pairs the scripts may reach over TCP, or `["*"]` for the host's whole
+    /// network; none by default.
+    pub egress: Egress,
 }
 
 impl Default for GroupLimits {
@@ -157,6 +203,7 @@ impl Default for GroupLimits {
             file_size_mb: 256,
             cpu_seconds: 300,
             network: true,
+            egress: Egress::default(),
         }
     }
 }
@@ -179,6 +226,12 @@ impl GroupLimits {
         check("processes", limits.processes, 1, 1 << 20)?;
         check("file_size_mb", limits.file_size_mb, 1, 1 << 20)?;
         check("cpu_seconds", limits.cpu_seconds, 1, 86_400)?;
+        if !limits.network && limits.egress != Egress::default() {
+            return Err(
+                "`egress` says where TCP may go and `network: false` refuses all TCP: keep one"
+                    .into(),
+            );
+        }
         Ok(limits)
     }
 
@@ -211,6 +264,11 @@ pub struct HostSupport {
     pub landlock: Result<(), String>,
     /// `Ok` when a PID namespace can be created; otherwise why not.
     pub pid_namespace: Result<(), String>,
+    /// `Ok` when jails (mount and network namespaces) can be built; otherwise why not.
+    pub jail: Result<(), String>,
+    /// `Ok` when a script's process may enter a user namespace of its own after dropping
+    /// root; otherwise why not.
+    pub user_namespace: Result<(), String>,
 }
 
 impl HostSupport {
@@ -227,6 +285,16 @@ impl HostSupport {
                 "PID namespace: {e}; a script's process that leaves its process group (setsid) outlives the call"
             ));
         }
+        if let Err(e) = &self.jail {
+            gaps.push(format!(
+                "mount and network namespaces: {e}; scripts reach the host's network (the gateway's database, Redis, loopback, private addresses) over TCP, UDP and pathname UNIX sockets, `egress` lists are not enforced, and any path can be `stat`ed"
+            ));
+        }
+        if let Err(e) = &self.user_namespace {
+            gaps.push(format!(
+                "user namespace per call: {e}; the process limit counts every call of the script user together"
+            ));
+        }
         gaps
     }
 }
@@ -237,6 +305,8 @@ pub fn host() -> &'static HostSupport {
     HOST.get_or_init(|| HostSupport {
         landlock: probe_landlock(),
         pid_namespace: probe_pid_namespace(),
+        jail: super::jail::probe(),
+        user_namespace: probe_user_namespace(),
     })
 }
 
@@ -279,6 +349,37 @@ fn probe_pid_namespace() -> Result<(), String> {
     }
 }
 
+/// A child that drops root the way a script does (to `nobody`, as root) and then enters a
+/// user namespace of its own.
+#[allow(unsafe_code)]
+fn probe_user_namespace() -> Result<(), String> {
+    use nix::libc;
+    use std::os::unix::process::CommandExt;
+    let nobody = ScriptUser::nobody();
+    let (uid, gid) = (nobody.uid.as_raw(), nobody.gid.as_raw());
+    let root = Uid::effective().is_root();
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.args(["-c", ":"]);
+    // SAFETY: raw system calls only; nothing is allocated or locked after the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if root
+                && (libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) == -1
+                    || libc::syscall(libc::SYS_setgid, gid) == -1
+                    || libc::syscall(libc::SYS_setuid, uid) == -1)
+            {
+                return Err(io::Error::last_os_error());
+            }
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(io::Error::from)
+        });
+    }
+    match cmd.status() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("the probe exited with {s}")),
+        Err(e) => Err(format!("unshare(CLONE_NEWUSER) failed: {e}")),
+    }
+}
+
 fn base_ruleset(network: bool) -> Result<Ruleset, landlock::RulesetError> {
     let ruleset = Ruleset::default()
         .handle_access(AccessFs::from_all(ABI_WANTED))?
@@ -293,12 +394,12 @@ fn base_ruleset(network: bool) -> Result<Ruleset, landlock::RulesetError> {
 /// How one script runs: its group's limits under the gateway's settings.
 #[derive(Debug, Clone, Default)]
 pub struct Sandbox {
-    pub settings: std::sync::Arc<SandboxSettings>,
+    pub settings: Arc<SandboxSettings>,
     pub limits: GroupLimits,
+    /// What the group's jail is made of; `None` when its scripts get none, an error when the
+    /// folder could not be read at load.
+    jail: Option<Result<JailKey, String>>,
 }
-
-/// Per-call directories are named `<prefix><gateway pid>-<uuid>` in the system temp dir.
-const CALL_DIR_PREFIX: &str = "toolgate-call-";
 
 /// Removes the call directories of gateways that are gone (killed with `kill -9`, say): a
 /// directory whose gateway pid no longer runs belongs to nobody.
@@ -310,7 +411,7 @@ pub fn sweep_stale_call_dirs() {
         let name = entry.file_name();
         let Some(pid) = name
             .to_str()
-            .and_then(|n| n.strip_prefix(CALL_DIR_PREFIX))
+            .and_then(|n| n.strip_prefix(TMP_PREFIX))
             .and_then(|rest| rest.split('-').next())
             .and_then(|pid| pid.parse::<i32>().ok())
         else {
@@ -324,19 +425,23 @@ pub fn sweep_stale_call_dirs() {
     }
 }
 
-/// A per-call temporary directory, removed with everything in it when dropped.
+/// A per-call temporary directory, removed with everything in it when dropped; it also keeps
+/// the group's jail (its egress forwarders) alive while the call runs.
 #[derive(Debug)]
-pub struct CallDir(PathBuf);
+pub struct CallDir {
+    path: PathBuf,
+    _jail: Option<Arc<Jail>>,
+}
 
 impl CallDir {
     pub fn path(&self) -> &Path {
-        &self.0
+        &self.path
     }
 }
 
 impl Drop for CallDir {
     fn drop(&mut self) {
-        let dir = std::mem::take(&mut self.0);
+        let dir = std::mem::take(&mut self.path);
         let remove = move || {
             // Symlinks the script left are removed, not followed.
             if let Err(e) = std::fs::remove_dir_all(&dir)
@@ -355,10 +460,39 @@ impl Drop for CallDir {
 }
 
 impl Sandbox {
+    /// The sandbox of a group living in `folder`, whose scripts run from the gateway's copies
+    /// in `copies` (read-only in its jail, like the folder).
+    pub fn new(
+        settings: Arc<SandboxSettings>,
+        limits: GroupLimits,
+        folder: &Path,
+        copies: Option<&Path>,
+    ) -> Self {
+        let wanted = settings.mode != Mode::Off && settings.isolate && host().jail.is_ok();
+        let jail = wanted.then(|| {
+            let read_paths = match copies {
+                None => settings.jail_read_paths.clone(),
+                Some(c) => settings
+                    .jail_read_paths
+                    .iter()
+                    .cloned()
+                    .chain(std::iter::once(c.to_path_buf()))
+                    .collect(),
+            };
+            JailKey::new(folder, read_paths, limits.egress.clone())
+                .map_err(|e| format!("cannot read {}: {e}", folder.display()))
+        });
+        Self {
+            settings,
+            limits,
+            jail,
+        }
+    }
+
     /// Prepares one run of a script living in `folder`, whose gateway copy (the file that is
     /// executed, beside links to the folder's entries) is in `copies`. `None` when the sandbox
     /// is off.
-    pub fn prepare(
+    pub async fn prepare(
         &self,
         folder: &Path,
         copies: Option<&Path>,
@@ -367,16 +501,33 @@ impl Sandbox {
             return Ok(None);
         }
         let host = host();
-        let dir = CallDir(std::env::temp_dir().join(format!(
-            "{CALL_DIR_PREFIX}{}-{}",
-            std::process::id(),
-            uuid::Uuid::new_v4().simple()
-        )));
+        let jail = match &self.jail {
+            None => None,
+            Some(Err(e)) => return Err(io::Error::other(format!("the group's jail: {e}"))),
+            Some(Ok(key)) => Some(
+                Jail::obtain(key)
+                    .await
+                    .map_err(|e| io::Error::new(e.kind(), format!("the group's jail: {e}")))?,
+            ),
+        };
+        let parent = match &jail {
+            Some(j) => j.tmp_base.clone(),
+            None => std::env::temp_dir(),
+        };
+        let dir = CallDir {
+            path: parent.join(format!(
+                "{TMP_PREFIX}{}-{}",
+                std::process::id(),
+                uuid::Uuid::new_v4().simple()
+            )),
+            _jail: jail.clone(),
+        };
         {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new().mode(0o700).create(dir.path())?;
         }
-        if let Some(u) = &self.settings.user {
+        let identity = self.settings.identity();
+        if let Some(u) = identity {
             nix::unistd::chown(dir.path(), Some(u.uid), Some(u.gid)).map_err(io::Error::from)?;
         }
         let ruleset = match host.landlock {
@@ -389,13 +540,16 @@ impl Sandbox {
         Ok(Some((
             Confine {
                 pid_namespace: host.pid_namespace.is_ok(),
-                user: self.settings.user.as_ref().map(|u| {
+                user: identity.map(|u| {
                     (
                         u.uid.as_raw(),
                         u.gid.as_raw(),
                         u.groups.iter().map(|g| g.as_raw()).collect(),
                     )
                 }),
+                user_namespace: self.settings.isolate && host.user_namespace.is_ok(),
+                mount_namespace: jail.as_ref().map(|j| j.mnt.clone()),
+                net_namespace: jail.as_ref().and_then(|j| j.net.clone()),
                 rlimits: self
                     .limits
                     .rlimits()
@@ -420,8 +574,7 @@ impl Sandbox {
         let mut ruleset = base_ruleset(self.limits.network)
             .and_then(|r| r.create())
             .map_err(|e| e.to_string())?;
-        let system = SYSTEM_PATHS.iter().map(Path::new);
-        for path in system.chain(self.settings.read_paths.iter().map(PathBuf::as_path)) {
+        for path in self.settings.jail_read_paths.iter() {
             // A path this machine lacks grants nothing; that is not an error.
             if let Ok(fd) = PathFd::new(path) {
                 ruleset = ruleset

@@ -25,6 +25,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::ExitStatus;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use nix::libc;
@@ -38,8 +39,16 @@ pub struct Confine {
     /// The script is the init of a new PID namespace: when it ends, the kernel kills
     /// everything it started.
     pub pid_namespace: bool,
+    /// A mount namespace to enter (its root becomes the script's), before the working
+    /// directory is set.
+    pub mount_namespace: Option<Arc<OwnedFd>>,
+    /// A network namespace to enter.
+    pub net_namespace: Option<Arc<OwnedFd>>,
     /// uid, gid and supplementary groups (the primary one included) to switch to.
     pub user: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
+    /// A user namespace of its own, entered after the switch and before the limits: the
+    /// kernel counts `RLIMIT_NPROC` per user namespace, so the limit binds this call alone.
+    pub user_namespace: bool,
     /// `setrlimit` calls: resource, soft, hard.
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
     /// A Landlock ruleset to enforce (with `no_new_privs`) just before `exec`.
@@ -67,14 +76,17 @@ pub fn spawn(
     env: &[(OsString, OsString)],
     confine: Option<Confine>,
 ) -> io::Result<Child> {
-    // A relative program would be found from `cwd`, after the child changed directory.
-    let program = if program.is_absolute() {
-        program.to_path_buf()
-    } else {
-        std::env::current_dir()?.join(program)
+    // A relative program would be found from `cwd`, after the child changed directory; a
+    // relative `cwd` from the root of a mount namespace the child entered.
+    let absolute = |p: &Path| -> io::Result<std::path::PathBuf> {
+        if p.is_absolute() {
+            Ok(p.to_path_buf())
+        } else {
+            Ok(std::env::current_dir()?.join(p))
+        }
     };
-    let program = c_string(program.as_os_str())?;
-    let cwd = c_string(cwd.as_os_str())?;
+    let program = c_string(absolute(program)?.as_os_str())?;
+    let cwd = c_string(absolute(cwd)?.as_os_str())?;
     let argv = [program.as_ptr(), std::ptr::null()];
     let env: Vec<CString> = env
         .iter()
@@ -124,12 +136,15 @@ pub fn spawn(
         ],
         confine: confine.map(|c| RawConfine {
             pid_namespace: c.pid_namespace,
+            mount_namespace: c.mount_namespace.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
+            net_namespace: c.net_namespace.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
             user: c.user.as_ref().map(|(uid, gid, groups)| RawUser {
                 uid: *uid,
                 gid: *gid,
                 groups: groups.as_ptr(),
                 ngroups: groups.len(),
             }),
+            user_namespace: c.user_namespace,
             rlimits: rlimits.as_ptr(),
             nrlimits: rlimits.len(),
             landlock: c.landlock.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
@@ -264,7 +279,10 @@ struct ChildArgs {
 
 struct RawConfine {
     pid_namespace: bool,
+    mount_namespace: RawFd,
+    net_namespace: RawFd,
     user: Option<RawUser>,
+    user_namespace: bool,
     rlimits: *const (libc::__rlimit_resource_t, libc::rlimit),
     nrlimits: usize,
     landlock: RawFd,
@@ -312,6 +330,16 @@ unsafe fn child_steps(a: &ChildArgs) -> libc::c_int {
         for (target, fd) in a.stdio.iter().enumerate() {
             check!(libc::dup2(*fd, target as libc::c_int));
         }
+        // The namespaces are entered while the child still has the gateway's privileges.
+        // Entering a mount namespace moves to its root; the working directory comes after.
+        if let Some(c) = &a.confine {
+            if c.mount_namespace >= 0 {
+                check!(libc::setns(c.mount_namespace, libc::CLONE_NEWNS));
+            }
+            if c.net_namespace >= 0 {
+                check!(libc::setns(c.net_namespace, libc::CLONE_NEWNET));
+            }
+        }
         check!(libc::chdir(a.cwd));
         // Its own process group, so a timeout can kill everything the script started.
         check!(libc::setpgid(0, 0));
@@ -320,6 +348,14 @@ unsafe fn child_steps(a: &ChildArgs) -> libc::c_int {
                 check!(libc::syscall(libc::SYS_setgroups, u.ngroups, u.groups));
                 check!(libc::syscall(libc::SYS_setgid, u.gid));
                 check!(libc::syscall(libc::SYS_setuid, u.uid));
+            }
+            // After the uid change: created by the script's own uid, the namespace holds none
+            // of root's privileges, and its process count (the one `RLIMIT_NPROC` bounds) is
+            // this call's. Before the limits: the kernel caps the namespace's share of the
+            // uid's processes at the creator's limit, which must still be the gateway's.
+            // Its ids are not mapped: the script sees itself as the overflow uid (65534).
+            if c.user_namespace {
+                check!(libc::unshare(libc::CLONE_NEWUSER));
             }
             // After the uid change, which clears it. The kernel fires it when the parent
             // *thread* ends: scripts are spawned from runtime worker threads, which live as

@@ -13,6 +13,7 @@ mod durability;
 mod fast_list;
 mod helpers;
 mod hostile;
+mod jail;
 mod limits;
 mod mcp;
 mod otel;

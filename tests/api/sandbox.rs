@@ -480,16 +480,24 @@ printf '{{"big_file": %s, "tcp": %s, "cpu_limited": %s}}' $big $tcp $xcpu
     // SIGXCPU (152 through timeout) at the soft limit, SIGKILL (137) at the hard one.
     let spin = "timeout 30 sh -c 'while :; do :; done'; s=$?; xcpu=false; [ $s -eq 152 ] || [ $s -eq 137 ] && xcpu=true";
     write_group(root.path(), "tight", &doc, &[("run.sh", &probe(spin))]);
+    // Without an `egress` entry for it, the listener is out of reach (tests/api/jail.rs).
+    let mut doc = single_op("run", obj(), json!({}));
+    doc["x-toolgate-sandbox"] = json!({"egress": [format!("127.0.0.1:{port}")]});
     write_group(
         root.path(),
         "loose",
-        &single_op("run", obj(), json!({})),
+        &doc,
         &[("run.sh", &probe("xcpu=false"))],
     );
     for (folder, bad) in [
         ("bad-range", json!({"cpu_seconds": 0})),
         ("bad-key", json!({"memory": 1})),
         ("bad-type", json!({"network": "no"})),
+        ("bad-egress", json!({"egress": ["nowhere"]})),
+        (
+            "bad-mix",
+            json!({"network": false, "egress": ["a.example:1"]}),
+        ),
     ] {
         let mut doc = single_op("run", obj(), json!({}));
         doc["x-toolgate-sandbox"] = bad;
@@ -548,6 +556,16 @@ printf '{{"big_file": %s, "tcp": %s, "cpu_limited": %s}}' $big $tcp $xcpu
         "{}",
         errors.text
     );
+    assert!(
+        reason("bad-egress").contains("`nowhere` is not a `host:port` pair: no `:port`"),
+        "{}",
+        errors.text
+    );
+    assert!(
+        reason("bad-mix").contains("`network: false` refuses all TCP"),
+        "{}",
+        errors.text
+    );
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
@@ -598,8 +616,10 @@ async fn a_script_user_is_held_to_its_process_limit(pool: PgPool) {
 /// What a sandboxed spawn costs over an unconfined one and over a bare spawn (tokio's
 /// `Command`, which uses `posix_spawn`), the same `cat` script, runs interleaved in one
 /// process; then again with 1 GiB of the process's memory touched, which a `fork` would have
-/// to copy the page tables of. Run with
-/// `cargo nextest run -E 'test(spawn_cost)' --run-ignored only --no-capture`.
+/// to copy the page tables of. "previous" is the sandbox without the perimeter layers
+/// (`isolate: false`: Landlock, PID namespace and limits, as root), "sandboxed" the default one
+/// (jail: minimal root and network namespace, `nobody`, a user namespace per call). Run with
+/// `cargo nextest run --test api -E 'test(spawn_cost)' --run-ignored only --no-capture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, not a check"]
 async fn spawn_cost() {
@@ -616,9 +636,9 @@ async fn spawn_cost() {
         &single_op("cat", obj(), json!({})),
         &[("cat.sh", "#!/bin/sh\ncat\n")],
     );
-    let spec = |mode| {
+    let spec = |settings: SandboxSettings| {
         let settings = LoaderSettings {
-            sandbox: Arc::new(SandboxSettings::new(mode, None, &[])),
+            sandbox: Arc::new(settings),
             ..LoaderSettings::default()
         };
         let tools = load_group(&root.path().join("cat"), "cat", &settings).unwrap();
@@ -627,7 +647,12 @@ async fn spawn_cost() {
             Execution::Upstream { .. } => unreachable!(),
         }
     };
-    let (plain, sandboxed) = (spec(Mode::Off), spec(Mode::Auto));
+    let plain = spec(SandboxSettings::new(Mode::Off, None, &[]));
+    let previous = spec(SandboxSettings {
+        isolate: false,
+        ..SandboxSettings::new(Mode::Auto, None, &[])
+    });
+    let sandboxed = spec(SandboxSettings::new(Mode::Auto, None, &[]));
     let script = root.path().join("cat/cat.sh");
     let limits = runner::OutputLimits::default();
     let runs = 300;
@@ -639,7 +664,7 @@ async fn spawn_cost() {
     for ballast_mib in [0usize, 1024] {
         // Touched, so it is resident and in the page tables.
         ballast.resize(ballast_mib << 20, 1);
-        let (mut t_bare, mut t_plain, mut t_sandboxed) = (Vec::new(), Vec::new(), Vec::new());
+        let mut times: [Vec<Duration>; 4] = Default::default();
         for i in 0..runs + 20 {
             let started = Instant::now();
             let mut child = tokio::process::Command::new(&script)
@@ -652,47 +677,56 @@ async fn spawn_cost() {
             drop(stdin);
             let out = child.wait_with_output().await.unwrap();
             assert!(out.status.success() && out.stdout == br#"{"n":1}"#);
-            let took_bare = started.elapsed();
-            let mut took = [Duration::ZERO; 2];
-            for (k, spec) in [&plain, &sandboxed].into_iter().enumerate() {
+            let mut took = [
+                started.elapsed(),
+                Duration::ZERO,
+                Duration::ZERO,
+                Duration::ZERO,
+            ];
+            for (k, spec) in [&plain, &previous, &sandboxed].into_iter().enumerate() {
                 let started = Instant::now();
                 let out = runner::run(spec, &json!({"n": i}), &limits, &Default::default()).await;
-                took[k] = started.elapsed();
+                took[k + 1] = started.elapsed();
                 assert!(
                     matches!(out, runner::ScriptOutcome::Success { .. }),
                     "{out:?}"
                 );
             }
-            // The first runs warm the page cache and the probe.
+            // The first runs warm the page cache, the probes and the jail.
             if i >= 20 {
-                t_bare.push(took_bare);
-                t_plain.push(took[0]);
-                t_sandboxed.push(took[1]);
+                for (t, took) in times.iter_mut().zip(took) {
+                    t.push(took);
+                }
             }
         }
-        let (bare, plain, sandboxed) = (p50(&mut t_bare), p50(&mut t_plain), p50(&mut t_sandboxed));
+        let [bare, plain, previous, sandboxed] = times.map(|mut t| p50(&mut t));
         println!(
-            "`#!/bin/sh cat`, {runs} runs each, interleaved, {ballast_mib} MiB resident besides:\n  bare spawn (tokio Command)  p50 {bare:.2} ms\n  runner, sandbox off        p50 {plain:.2} ms ({:.2}x bare)\n  runner, sandboxed          p50 {sandboxed:.2} ms ({:.2}x bare)",
+            "`#!/bin/sh cat`, {runs} runs each, interleaved, {ballast_mib} MiB resident besides:\n  bare spawn (tokio Command)  p50 {bare:.2} ms\n  runner, sandbox off        p50 {plain:.2} ms ({:.2}x bare)\n  runner, previous sandbox   p50 {previous:.2} ms ({:.2}x bare)\n  runner, sandboxed          p50 {sandboxed:.2} ms ({:.2}x bare, {:.2}x previous)",
             plain / bare,
+            previous / bare,
             sandboxed / bare,
+            sandboxed / previous,
         );
     }
-    // The parent's share: the Landlock ruleset and the TMPDIR, made and removed.
-    let mut t_prepare: Vec<Duration> = (0..runs)
-        .map(|_| {
+    // The parent's share: the Landlock ruleset and the TMPDIR, made and removed (the jail is
+    // built by then).
+    for (name, spec) in [("previous", &previous), ("sandboxed", &sandboxed)] {
+        let mut t_prepare: Vec<Duration> = Vec::new();
+        for _ in 0..runs {
             let started = Instant::now();
+            let copies = spec.group.copies.as_ref().map(|c| c.files());
             drop(
-                sandboxed
-                    .group
+                spec.group
                     .sandbox
-                    .prepare(sandboxed.workdir(), None)
+                    .prepare(spec.workdir(), copies.as_deref())
+                    .await
                     .unwrap(),
             );
-            started.elapsed()
-        })
-        .collect();
-    println!(
-        "  of which preparing the sandbox (ruleset, TMPDIR) p50 {:.2} ms",
-        p50(&mut t_prepare)
-    );
+            t_prepare.push(started.elapsed());
+        }
+        println!(
+            "  of which preparing the {name} sandbox (ruleset, TMPDIR) p50 {:.2} ms",
+            p50(&mut t_prepare)
+        );
+    }
 }
