@@ -1,6 +1,6 @@
 //! A group's jail: the mount and network namespaces its scripts enter at every call, built
-//! once per group (on its first call) by a thread of the gateway's, and kept while the group
-//! is loaded.
+//! on the group's first call and kept for the next ones (at most [`MAX_JAILS`], the least
+//! recently used going first).
 //!
 //! - **A minimal root**: an empty read-only tmpfs holding, at their own paths, read-only bind
 //!   mounts of exactly the paths a script may read (the system paths, the directories on
@@ -1025,10 +1025,6 @@ fn in_forked_child(f: impl FnOnce() -> io::Result<Vec<OwnedFd>>) -> io::Result<V
 mod tests {
     use super::*;
 
-    fn p(s: &str) -> PathBuf {
-        PathBuf::from(s)
-    }
-
     /// Runs [`unprivileged_gateway_inner`] as `nobody`, in a process of its own: the gateway
     /// without root builds jails in a user namespace of its own, and its scripts reach only
     /// what their group lists. (Tests run as root; skipped otherwise.)
@@ -1168,6 +1164,5 @@ printf '{"refused": %s, "allowed": %s, "run": %s, "tmpdir": %s}'   "$(try "$REFU
                 },
             ]
         );
-        let _ = p("/");
     }
 }
