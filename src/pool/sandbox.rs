@@ -264,8 +264,8 @@ pub struct HostSupport {
     pub landlock: Result<(), String>,
     /// `Ok` when a PID namespace can be created; otherwise why not.
     pub pid_namespace: Result<(), String>,
-    /// `Ok` when jails (mount and network namespaces) can be built; otherwise why not.
-    pub jail: Result<(), String>,
+    /// How jails (mount and network namespaces) are built here; otherwise why they cannot be.
+    pub jail: Result<super::jail::Kind, String>,
     /// `Ok` when a script's process may enter a user namespace of its own after dropping
     /// root; otherwise why not.
     pub user_namespace: Result<(), String>,
@@ -548,6 +548,7 @@ impl Sandbox {
                     )
                 }),
                 user_namespace: self.settings.isolate && host.user_namespace.is_ok(),
+                owner_namespace: jail.as_ref().and_then(|j| j.user.clone()),
                 mount_namespace: jail.as_ref().map(|j| j.mnt.clone()),
                 net_namespace: jail.as_ref().and_then(|j| j.net.clone()),
                 rlimits: self

@@ -39,6 +39,8 @@ pub struct Confine {
     /// The script is the init of a new PID namespace: when it ends, the kernel kills
     /// everything it started.
     pub pid_namespace: bool,
+    /// The user namespace owning the two below, entered first (a gateway without root).
+    pub owner_namespace: Option<Arc<OwnedFd>>,
     /// A mount namespace to enter (its root becomes the script's), before the working
     /// directory is set.
     pub mount_namespace: Option<Arc<OwnedFd>>,
@@ -136,6 +138,7 @@ pub fn spawn(
         ],
         confine: confine.map(|c| RawConfine {
             pid_namespace: c.pid_namespace,
+            owner_namespace: c.owner_namespace.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
             mount_namespace: c.mount_namespace.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
             net_namespace: c.net_namespace.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
             user: c.user.as_ref().map(|(uid, gid, groups)| RawUser {
@@ -279,6 +282,7 @@ struct ChildArgs {
 
 struct RawConfine {
     pid_namespace: bool,
+    owner_namespace: RawFd,
     mount_namespace: RawFd,
     net_namespace: RawFd,
     user: Option<RawUser>,
@@ -333,6 +337,9 @@ unsafe fn child_steps(a: &ChildArgs) -> libc::c_int {
         // The namespaces are entered while the child still has the gateway's privileges.
         // Entering a mount namespace moves to its root; the working directory comes after.
         if let Some(c) = &a.confine {
+            if c.owner_namespace >= 0 {
+                check!(libc::setns(c.owner_namespace, libc::CLONE_NEWUSER));
+            }
             if c.mount_namespace >= 0 {
                 check!(libc::setns(c.mount_namespace, libc::CLONE_NEWNS));
             }

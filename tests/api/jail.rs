@@ -514,3 +514,43 @@ async fn a_reload_keeps_a_groups_jail_and_a_recreated_folder_gets_a_new_one(pool
     assert_eq!(recreated.body["v"], 2, "{}", recreated.text);
     assert_ne!(jail_of(&first), jail_of(&recreated));
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_read_path_that_holds_the_tools_directory_shows_no_other_group(pool: PgPool) {
+    let outer = tempfile::tempdir().unwrap();
+    let tools = outer.path().join("tools");
+    write_group(
+        &tools,
+        "snoop",
+        &single_op("probe", obj(), json!({})),
+        &[("probe.py", PROBE)],
+    );
+    write_group(
+        &tools,
+        "victim",
+        &single_op("run", obj(), json!({})),
+        &[("run.sh", "#!/bin/sh\necho {}\n")],
+    );
+    std::fs::write(outer.path().join("shared.txt"), "for everyone").unwrap();
+    let input = json!({
+        "stat": {
+            "other_group": tools.join("victim/run.sh"),
+            "tools_dir_entry": tools.join("victim"),
+            "own": tools.join("snoop/probe.py"),
+        },
+        "read": {"read_path_file": outer.path().join("shared.txt")},
+    });
+    let read_path = outer.path().to_str().unwrap();
+    let app = TestApp::with(pool, &tools, None, &["--script-read-path", read_path]).await;
+    let token = app.agent("snoop", &["snoop"]).await;
+
+    let r = app
+        .post_json("/tools/snoop/probe", Some(&token), input)
+        .await;
+
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_ne!(r.body["other_group"], true, "{}", r.text);
+    assert_ne!(r.body["tools_dir_entry"], true, "{}", r.text);
+    assert_eq!(r.body["own"], true, "{}", r.text);
+    assert_eq!(r.body["read_path_file"], true, "{}", r.text);
+}

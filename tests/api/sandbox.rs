@@ -708,6 +708,33 @@ async fn spawn_cost() {
             sandboxed / previous,
         );
     }
+    // A group's first call builds its jail: once per group (and per reload that recreates its
+    // folder, or after it fell out of the table of jails).
+    let mut t_build: Vec<Duration> = Vec::new();
+    for i in 0..20 {
+        let folder = format!("first{i}");
+        write_group(
+            root.path(),
+            &folder,
+            &single_op("cat", obj(), json!({})),
+            &[("cat.sh", "#!/bin/sh\ncat\n")],
+        );
+        let settings = LoaderSettings {
+            sandbox: sandboxed.group.sandbox.settings.clone(),
+            ..LoaderSettings::default()
+        };
+        let tools = load_group(&root.path().join(&folder), &folder, &settings).unwrap();
+        let Execution::Script(first) = &tools[0].exec else {
+            unreachable!()
+        };
+        let started = Instant::now();
+        drop(first.group.sandbox.prepare(first.workdir()).await.unwrap());
+        t_build.push(started.elapsed());
+    }
+    println!(
+        "  a group's first call, building its jail, prepares in p50 {:.2} ms",
+        p50(&mut t_build)
+    );
     // The parent's share: the Landlock ruleset and the TMPDIR, made and removed (the jail is
     // built by then).
     for (name, spec) in [("previous", &previous), ("sandboxed", &sandboxed)] {
