@@ -1089,8 +1089,8 @@ printf '{"refused": %s, "allowed": %s, "run": %s, "tmpdir": %s}'   "$(try "$REFU
         )
         .unwrap();
         let settings = Arc::new(SandboxSettings::new(Mode::Required, None, &[]));
-        let sandbox = Sandbox::new(settings, limits, folder.path());
-        let (confine, dir) = sandbox.prepare(folder.path()).await.unwrap().unwrap();
+        let sandbox = Sandbox::new(settings, limits, folder.path(), None);
+        let (confine, dir) = sandbox.prepare(folder.path(), None).await.unwrap().unwrap();
         assert!(confine.owner_namespace.is_some() && confine.net_namespace.is_some());
         let env: Vec<(std::ffi::OsString, std::ffi::OsString)> = vec![
             ("PATH".into(), "/usr/bin:/bin".into()),
