@@ -728,7 +728,14 @@ async fn spawn_cost() {
             unreachable!()
         };
         let started = Instant::now();
-        drop(first.group.sandbox.prepare(first.workdir()).await.unwrap());
+        drop(
+            first
+                .group
+                .sandbox
+                .prepare(first.workdir(), None)
+                .await
+                .unwrap(),
+        );
         t_build.push(started.elapsed());
     }
     println!(
