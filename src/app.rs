@@ -678,14 +678,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )
     .with_graceful_shutdown(stop_accepting.clone().cancelled_owned());
     let mut server = std::pin::pin!(server.into_future());
-    tokio::select! {
-        r = &mut server => {
-            r?;
-            return Ok(());
-        }
-        () = shutdown_signal() => {}
-    }
-    drain.run(&state, server, stop_accepting).await
+    let ended = tokio::select! {
+        r = &mut server => r.map_err(anyhow::Error::from),
+        () = shutdown_signal() => drain.run(&state, server, stop_accepting).await,
+    };
+    // Scripts die with the gateway; their groups' temporary directories go now, not at the
+    // next start.
+    crate::pool::jail::remove_all_directories();
+    ended
 }
 
 /// How often used assertion ids and idle sign-in throttles are deleted.
