@@ -720,16 +720,18 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         stop_accepting.clone(),
     );
     let mut server = std::pin::pin!(server);
-    tokio::select! {
-        r = &mut server => {
-            r?;
-            return Ok(());
+    let ended = tokio::select! {
+        r = &mut server => r.map_err(anyhow::Error::from),
+        () = shutdown_signal() => {
+            drain
+                .run(&state, server, stop_accepting, checkpoints.as_ref())
+                .await
         }
-        () = shutdown_signal() => {}
-    }
-    drain
-        .run(&state, server, stop_accepting, checkpoints.as_ref())
-        .await
+    };
+    // Scripts die with the gateway; their groups' temporary directories go now, not at the
+    // next start.
+    crate::pool::jail::remove_all_directories();
+    ended
 }
 
 /// How often used assertion ids and idle sign-in throttles are deleted.

@@ -146,6 +146,16 @@ fn jails() -> &'static Mutex<Jails> {
     JAILS.get_or_init(Default::default)
 }
 
+/// Removes every jail's temporary directory: the gateway is exiting, and its scripts with it.
+pub fn remove_all_directories() {
+    let slots = std::mem::take(&mut jails().lock().unwrap_or_else(|p| p.into_inner()).slots);
+    for slot in slots.values() {
+        if let Some(jail) = slot.jail.get() {
+            let _ = std::fs::remove_dir_all(&jail.tmp_base);
+        }
+    }
+}
+
 impl Jail {
     /// The jail for `key`: the one built already, or a new one (one build for concurrent
     /// first calls).

@@ -554,3 +554,76 @@ async fn a_read_path_that_holds_the_tools_directory_shows_no_other_group(pool: P
     assert_eq!(r.body["own"], true, "{}", r.text);
     assert_eq!(r.body["read_path_file"], true, "{}", r.text);
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_stopped_gateway_leaves_no_jail_directory_behind(pool: PgPool) {
+    use crate::sandbox::{db_url, serve, token_from};
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    write_group(
+        root.path(),
+        "g",
+        &single_op("run", obj(), json!({})),
+        &[("run.sh", "#!/bin/sh\necho {}\n")],
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let base = format!("http://127.0.0.1:{port}");
+    let mut server = serve(&db_url(&db), root.path(), port);
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !http
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "toolgate serve never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let token = token_from(&http, &base, "caller", &["g"]).await;
+    let r = http
+        .post(format!("{base}/tools/g/run"))
+        .bearer_auth(&token)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let pid = server.id().unwrap();
+    let jail_dirs = || {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("toolgate-call-{pid}-"))
+            })
+            .count()
+    };
+    assert_eq!(jail_dirs(), 1, "the group's jail has no directory");
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(60), server.wait())
+        .await
+        .expect("the gateway did not stop")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        jail_dirs(),
+        0,
+        "a stopped gateway left its jail's directory"
+    );
+}

@@ -131,7 +131,7 @@ async fn fresh_db(pool: &PgPool) -> PgPool {
     pool
 }
 
-fn db_url(name: &str) -> String {
+pub fn db_url(name: &str) -> String {
     let base = std::env::var("DATABASE_URL").unwrap();
     let mut url = url::Url::parse(&base).unwrap();
     url.set_path(name);
@@ -297,7 +297,7 @@ async fn descendants_that_leave_the_process_group_die_at_timeout_and_exit(pool: 
 
 /// A real `toolgate serve`, its secrets where an operator would put them: the database URL on
 /// the command line and the admin token in the environment.
-fn serve(db_url: &str, tools: &Path, port: u16) -> tokio::process::Child {
+pub fn serve(db_url: &str, tools: &Path, port: u16) -> tokio::process::Child {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
         .args(["serve", "--database-url", db_url])
         .args(["--bind", &format!("127.0.0.1:{port}")])
@@ -313,7 +313,12 @@ fn serve(db_url: &str, tools: &Path, port: u16) -> tokio::process::Child {
         .unwrap()
 }
 
-async fn token_from(http: &reqwest::Client, base: &str, agent: &str, grants: &[&str]) -> String {
+pub async fn token_from(
+    http: &reqwest::Client,
+    base: &str,
+    agent: &str,
+    grants: &[&str],
+) -> String {
     let admin = |r: reqwest::RequestBuilder| r.bearer_auth("sandbox-admin-secret");
     let r = admin(http.post(format!("{base}/api/v1/agents")))
         .json(&json!({"name": agent}))
