@@ -67,12 +67,69 @@ impl AuditEvent {
         self
     }
 
+    /// What of this event's `error` a reader who may not see tool arguments (the viewer role)
+    /// is shown. The error of an argument-rule refusal quotes the refused value; a schema
+    /// violation quotes the offending arguments; a tool's stderr, invalid output or an
+    /// upstream's error text may repeat anything it was sent. Everything else is the
+    /// gateway's own words (timeouts, limits, unknown tools). Decided on the stored row, so it
+    /// holds for rows written before it existed.
+    pub fn error_without_arguments(&self) -> ErrorForViewer {
+        let tool_call = self.event_type == EventKind::ToolCall.as_str();
+        let tool_result = self.event_type == EventKind::ToolResult.as_str();
+        if self.outcome == Outcome::InvalidArguments.as_str()
+            || (tool_result && self.outcome == Outcome::ToolError.as_str())
+        {
+            return ErrorForViewer::Hidden;
+        }
+        if !(tool_call && self.outcome == Outcome::Denied.as_str()) {
+            return ErrorForViewer::Whole;
+        }
+        let details: Option<serde_json::Value> = self
+            .details
+            .as_deref()
+            .and_then(|d| serde_json::from_str(d).ok());
+        let Some(rules) = details.as_ref().and_then(|d| d.get("argument_rules")) else {
+            // A name that is not the caller's to call: no argument is in it.
+            return ErrorForViewer::Whole;
+        };
+        let lines: Option<Vec<String>> = rules.as_array().map(|rules| {
+            rules
+                .iter()
+                .map(|r| {
+                    let text = |k: &str| r.get(k).and_then(|v| v.as_str()).unwrap_or("?");
+                    format!(
+                        "`{}`: value refused by rule {} on `{}`",
+                        text("param"),
+                        r.get("rule").map(|v| v.to_string()).unwrap_or_default(),
+                        text("on")
+                    )
+                })
+                .collect()
+        });
+        match lines {
+            Some(lines) if !lines.is_empty() => ErrorForViewer::Summary(lines.join("; ")),
+            _ => ErrorForViewer::Hidden,
+        }
+    }
+
     /// Stamps the origin of the request this task is serving, when there is one (see
     /// [`RequestOrigin::scope`]).
     pub fn from_current_origin(self) -> Self {
         let origin = CURRENT_ORIGIN.try_with(Clone::clone).ok();
         self.from_origin(origin.as_ref())
     }
+}
+
+/// What of an event's `error` a reader who may not see tool arguments is shown
+/// ([`AuditEvent::error_without_arguments`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorForViewer {
+    /// All of it: nothing in it comes from a call's arguments or a tool's output.
+    Whole,
+    /// It quotes argument values; this says what happened without them.
+    Summary(String),
+    /// It may quote argument values, and there is nothing to say without them.
+    Hidden,
 }
 
 macro_rules! text_enum {
@@ -331,5 +388,47 @@ mod tests {
             &["hunter2\"x".to_owned(), "12345".to_owned()],
         );
         assert_eq!(clean, "password was [REDACTED], pin [REDACTED]");
+    }
+
+    #[test]
+    fn a_viewer_is_shown_no_error_that_may_quote_arguments() {
+        let event = |kind: EventKind, outcome: Outcome, details: Option<Value>| {
+            let mut e = AuditEvent::new(kind, outcome);
+            e.error = Some("`q`: \"secret\" does not match \"^public-\"".into());
+            e.details = details.map(|d| d.to_string());
+            e
+        };
+        let denied = event(
+            EventKind::ToolCall,
+            Outcome::Denied,
+            Some(
+                json!({"argument_rules": [{"on": "notes", "param": "q", "rule": {"pattern": "^public-"}}], "surface": "mcp"}),
+            ),
+        );
+        assert_eq!(
+            denied.error_without_arguments(),
+            ErrorForViewer::Summary(
+                "`q`: value refused by rule {\"pattern\":\"^public-\"} on `notes`".into()
+            )
+        );
+        let unknown = event(
+            EventKind::ToolCall,
+            Outcome::Denied,
+            Some(json!({"surface": "mcp"})),
+        );
+        assert_eq!(unknown.error_without_arguments(), ErrorForViewer::Whole);
+        for hidden in [
+            event(EventKind::ToolResult, Outcome::ToolError, None),
+            event(EventKind::ToolCall, Outcome::InvalidArguments, None),
+            event(
+                EventKind::ToolCall,
+                Outcome::Denied,
+                Some(json!({"argument_rules": 3})),
+            ),
+        ] {
+            assert_eq!(hidden.error_without_arguments(), ErrorForViewer::Hidden);
+        }
+        let timeout = event(EventKind::ToolResult, Outcome::Timeout, None);
+        assert_eq!(timeout.error_without_arguments(), ErrorForViewer::Whole);
     }
 }

@@ -58,19 +58,23 @@ struct Builder {
 }
 
 impl Builder {
-    fn copy(&mut self, from: usize, byte: u8) {
+    /// Bytes copied as they are, from `from` on in the parent.
+    fn copy(&mut self, from: usize, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
         match self.segs.last_mut() {
             Some(s) if s.copied && s.from + s.len == from && s.at + s.len == self.bytes.len() => {
-                s.len += 1
+                s.len += bytes.len()
             }
             _ => self.segs.push(Seg {
                 at: self.bytes.len(),
                 from,
-                len: 1,
+                len: bytes.len(),
                 copied: true,
             }),
         }
-        self.bytes.push(byte);
+        self.bytes.extend_from_slice(bytes);
     }
 
     fn decoded(&mut self, from: usize, len: usize, bytes: &[u8]) {
@@ -141,10 +145,13 @@ fn backslash(src: &[u8], x_is_code_point: bool) -> Option<Builder> {
     let mut out = Builder::default();
     let mut i = 0;
     while i < src.len() {
-        if src[i] != b'\\' || i + 1 == src.len() {
-            out.copy(i, src[i]);
-            i += 1;
-            continue;
+        // Up to the next backslash, as it is.
+        let next = memchr::memchr(b'\\', &src[i..]).map_or(src.len(), |n| i + n);
+        out.copy(i, &src[i..next]);
+        i = next;
+        if i + 1 >= src.len() {
+            out.copy(i, &src[i..]);
+            break;
         }
         let single = match src[i + 1] {
             b'"' | b'\\' | b'/' | b'\'' => Some(src[i + 1]),
@@ -197,7 +204,7 @@ fn backslash(src: &[u8], x_is_code_point: bool) -> Option<Builder> {
                 i += len;
             }
             None => {
-                out.copy(i, src[i]);
+                out.copy(i, &src[i..i + 1]);
                 i += 1;
             }
         }
@@ -213,22 +220,21 @@ fn url(src: &[u8]) -> Option<Builder> {
     let mut out = Builder::default();
     let mut i = 0;
     while i < src.len() {
-        if src[i] == b'%'
-            && let Some(v) = hex_at(src, i + 1, 2)
-        {
+        let next = memchr::memchr2(b'%', b'+', &src[i..]).map_or(src.len(), |n| i + n);
+        out.copy(i, &src[i..next]);
+        i = next;
+        if i == src.len() {
+            break;
+        }
+        if src[i] == b'+' {
+            out.decoded(i, 1, b" ");
+            i += 1;
+        } else if let Some(v) = hex_at(src, i + 1, 2) {
             out.decoded(i, 3, &[v as u8]);
             i += 3;
-            continue;
-        }
-        match src[i] {
-            b'+' => {
-                out.decoded(i, 1, b" ");
-                i += 1;
-            }
-            b => {
-                out.copy(i, b);
-                i += 1;
-            }
+        } else {
+            out.copy(i, &src[i..i + 1]);
+            i += 1;
         }
     }
     Some(out)
@@ -315,6 +321,17 @@ fn overlapping<'a>(
     })
 }
 
+/// What a searched-for string is.
+#[derive(Clone, Copy)]
+enum Needle {
+    /// A secret, as it is.
+    Secret,
+    /// A secret too short to replace ([`MIN_SCRUBBABLE`]).
+    Short,
+    /// What base64 writes for a secret's own bytes.
+    Base64,
+}
+
 /// `text` (a tool's stderr, an error, a stored result) with every one of `secrets` replaced
 /// by `[REDACTED]`, however it was escaped or encoded (see the module's comment); withheld
 /// whole when it holds a secret too short to replace.
@@ -323,45 +340,49 @@ pub fn scrub(text: &str, secrets: &[String]) -> String {
     if secrets.is_empty() || text.is_empty() {
         return text.to_owned();
     }
-    let views = readings(text);
-    let mut hits: Vec<(usize, usize)> = Vec::new();
+    // Every secret, and the base64 of each long enough.
+    let mut needles: Vec<(Vec<u8>, Needle)> = Vec::new();
     for secret in &secrets {
-        let needle = secret.as_bytes();
-        let short = secret.chars().count() < MIN_SCRUBBABLE;
-        let finder = memchr::memmem::Finder::new(needle);
-        for (v, view) in views.iter().enumerate() {
-            for at in overlapping(&finder, &view.bytes) {
-                let end = at + needle.len();
-                if short {
-                    let alone = (at == 0 || !is_word(view.bytes[at - 1]))
-                        && (end == view.bytes.len() || !is_word(view.bytes[end]));
-                    if alone {
-                        return WITHHELD.to_owned();
-                    }
-                    continue;
-                }
-                hits.push(to_text(&views, v, at, end));
-            }
-        }
-        if short {
+        if secret.chars().count() < MIN_SCRUBBABLE {
+            needles.push((secret.as_bytes().to_vec(), Needle::Short));
             continue;
         }
-        for core in base64_cores(needle) {
-            let finder = memchr::memmem::Finder::new(core.as_bytes());
-            for (v, view) in views.iter().enumerate() {
-                let bytes = &view.bytes;
-                for at in overlapping(&finder, bytes) {
-                    // The whole run: the encoded neighbours (a user name before a password)
-                    // go with it, and so do the few bits of the secret they carry.
-                    let mut start = at;
-                    while start > 0 && is_base64(bytes[start - 1]) {
-                        start -= 1;
+        needles.push((secret.as_bytes().to_vec(), Needle::Secret));
+        for core in base64_cores(secret.as_bytes()) {
+            needles.push((core.into_bytes(), Needle::Base64));
+        }
+    }
+    let views = readings(text);
+    let mut hits: Vec<(usize, usize)> = Vec::new();
+    for (needle, kind) in &needles {
+        let finder = memchr::memmem::Finder::new(needle);
+        for (v, view) in views.iter().enumerate() {
+            let bytes = &view.bytes;
+            for at in overlapping(&finder, bytes) {
+                let end = at + needle.len();
+                match kind {
+                    Needle::Secret => hits.push(to_text(&views, v, at, end)),
+                    Needle::Short => {
+                        let alone = (at == 0 || !is_word(bytes[at - 1]))
+                            && (end == bytes.len() || !is_word(bytes[end]));
+                        if alone {
+                            return WITHHELD.to_owned();
+                        }
                     }
-                    let mut end = at + core.len();
-                    while end < bytes.len() && is_base64(bytes[end]) {
-                        end += 1;
+                    Needle::Base64 => {
+                        // The whole run: the encoded neighbours (a user name before a
+                        // password) go with it, and so do the few bits of the secret they
+                        // carry.
+                        let mut start = at;
+                        while start > 0 && is_base64(bytes[start - 1]) {
+                            start -= 1;
+                        }
+                        let mut end = end;
+                        while end < bytes.len() && is_base64(bytes[end]) {
+                            end += 1;
+                        }
+                        hits.push(to_text(&views, v, start, end));
                     }
-                    hits.push(to_text(&views, v, start, end));
                 }
             }
         }
@@ -486,6 +507,30 @@ mod tests {
         assert_eq!(scrub("xxabcdabcdabcdyy", &s), "xx[REDACTED]yy");
         assert_eq!(scrub("Zörro,Zörro", &s), "[REDACTED],[REDACTED]");
         assert_eq!(scrub(r"Z\u00f6rroZörro", &s), "[REDACTED][REDACTED]");
+    }
+
+    /// What scrubbing costs on the largest texts it is given: a full stderr tail (64 KiB) and a
+    /// stored result at the stdout cap (4 MiB), JSON with escapes throughout. A measurement:
+    /// `cargo nextest run --release --run-ignored only -E 'test(scrub_cost)' --no-capture`.
+    #[test]
+    #[ignore = "a measurement; run on demand"]
+    fn scrub_cost() {
+        let secrets = secrets(&["Päss wörd/+?&=ü~~>>?? 7f", "hunter2-horse"]);
+        let line = r#"{"k": "välue "quoted" 50%+ a\b", "n": 12345}"#;
+        for size in [64 * 1024, 4 * 1024 * 1024] {
+            let text: String = line.repeat(size / line.len());
+            let t = std::time::Instant::now();
+            let n = 5;
+            for _ in 0..n {
+                std::hint::black_box(scrub(std::hint::black_box(&text), &secrets));
+            }
+            println!(
+                "{} KiB: {:.2} ms per scrub ({} readings)",
+                text.len() / 1024,
+                t.elapsed().as_secs_f64() * 1e3 / n as f64,
+                readings(&text).len()
+            );
+        }
     }
 
     mod props {

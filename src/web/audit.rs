@@ -328,10 +328,28 @@ pub async fn show(
     let see_args = ctx.role().can_see_arguments();
     let mut blocks = Vec::new();
     let mut hidden = Vec::new();
-    // A schema violation quotes the offending argument values.
-    let error_quotes_arguments = e.outcome == "invalid_arguments";
+    if let Some(error) = &e.error {
+        let shown = if see_args {
+            crate::audit::ErrorForViewer::Whole
+        } else {
+            e.error_without_arguments()
+        };
+        match shown {
+            crate::audit::ErrorForViewer::Whole => blocks.push(Block {
+                label: "Error",
+                text: pretty_json(error),
+            }),
+            crate::audit::ErrorForViewer::Summary(text) => {
+                blocks.push(Block {
+                    label: "Error",
+                    text,
+                });
+                hidden.push("the argument values the error quotes");
+            }
+            crate::audit::ErrorForViewer::Hidden => hidden.push("Error"),
+        }
+    }
     for (label, value, sensitive) in [
-        ("Error", &e.error, error_quotes_arguments),
         ("Arguments", &e.arguments, true),
         ("Result", &e.result, true),
         ("Details", &e.details, false),

@@ -745,6 +745,23 @@ async fn a_number_rule_refuses_values_that_are_not_numbers(pool: PgPool) {
         "{}",
         agent.text
     );
+    // So does the admin UI, on the rules page and the dashboard.
+    let mut admin = crate::web::Browser::signed_in(&app, "ada", "admin").await;
+    let page = admin.get("/admin/agents/a/arguments").await;
+    assert_eq!(
+        page.text
+            .matches(r#"data-problem="other_types" data-severity="warning""#)
+            .count(),
+        2,
+        "{}",
+        page.text
+    );
+    let dashboard = admin.get("/admin").await;
+    assert!(
+        dashboard.text.contains("Argument rule warning"),
+        "{}",
+        dashboard.text
+    );
 }
 
 #[test]

@@ -6,7 +6,10 @@ use base64::Engine;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
+use http::StatusCode;
+
 use crate::helpers::{TestApp, single_op, write_group};
+use crate::web::Browser;
 
 /// The passphrase of the attack: non-ASCII (JSON `\u` escapes), a space (`%20` and `+`), and
 /// bytes whose base64 differs between the standard and URL-safe alphabets.
@@ -175,4 +178,107 @@ async fn a_redacted_value_reaches_no_row_in_any_encoding(pool: PgPool) {
             assert!(!row.contains(&form), "{what} {form:?} in a row: {row}");
         }
     }
+}
+
+/// Finding: a viewer, told that tool arguments are hidden from it, read them in the error of
+/// an argument-rule denial (`q: "secret-project-…" does not match …`) and in a script's
+/// stderr that echoes its input. The auditor reads both; the caller is told what it sent.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_viewer_reads_no_argument_value_in_refusals_or_stderr(pool: PgPool) {
+    let tools = tempfile::tempdir().unwrap();
+    write_group(
+        tools.path(),
+        "notes",
+        &single_op(
+            "find",
+            json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+            json!({}),
+        ),
+        &[(
+            "find.sh",
+            "#!/bin/sh\necho \"searching for $(cat)\" >&2\nexit 1\n",
+        )],
+    );
+    let app = TestApp::with(
+        pool.clone(),
+        tools.path(),
+        None,
+        &["--script-sandbox", "off"],
+    )
+    .await;
+    let token = app.agent("reader", &["notes"]).await;
+    let set = app
+        .admin(
+            "PUT",
+            "/api/v1/agents/reader/arguments/notes__find",
+            Some(json!({"q": {"pattern": "^public-"}})),
+        )
+        .await;
+    assert_eq!(set.status, StatusCode::OK, "{}", set.text);
+
+    let refused = app
+        .call(&token, "notes__find", json!({"q": "secret-project-orion"}))
+        .await;
+    assert_eq!(refused.body["result"]["isError"], true, "{}", refused.text);
+    // The caller learns which of its values broke which rule, to retry with a better one.
+    let told = refused.body["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(
+        told.contains("secret-project-orion") && told.contains("^public-"),
+        "{told}"
+    );
+    let failed = app
+        .call(&token, "notes__find", json!({"q": "public-orion-plans"}))
+        .await;
+    assert_eq!(failed.body["result"]["isError"], true, "{}", failed.text);
+
+    let id = |outcome: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT id FROM audit_events WHERE tool = 'notes__find' AND outcome = $1",
+            )
+            .bind(outcome)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let denied = id("denied").await;
+    let tool_error = id("tool_error").await;
+    let mut viewer = Browser::signed_in(&app, "vic", "viewer").await;
+    let mut auditor = Browser::signed_in(&app, "aud", "auditor").await;
+    for (id, value) in [
+        (denied, "secret-project-orion"),
+        (tool_error, "public-orion-plans"),
+    ] {
+        let seen = viewer.get(&format!("/admin/audit/{id}")).await;
+        assert_eq!(seen.status, StatusCode::OK, "{}", seen.text);
+        assert!(
+            !seen.text.contains("orion"),
+            "viewer read {value}: {}",
+            seen.text
+        );
+        let list = viewer.get("/admin/audit?tool=notes__find").await;
+        assert!(!list.text.contains("orion"), "{}", list.text);
+        let agent = viewer.get("/admin/agents/reader").await;
+        assert!(!agent.text.contains("orion"), "{}", agent.text);
+        let seen = auditor.get(&format!("/admin/audit/{id}")).await;
+        assert!(
+            seen.text.contains(value),
+            "auditor missed {value}: {}",
+            seen.text
+        );
+    }
+    // What the viewer is shown instead: which rule refused, and that stderr is withheld.
+    let seen = viewer.get(&format!("/admin/audit/{denied}")).await;
+    assert!(seen.text.contains("value refused by rule"), "{}", seen.text);
+    assert!(seen.text.contains("^public-"), "{}", seen.text);
+    let seen = viewer.get(&format!("/admin/audit/{tool_error}")).await;
+    assert!(
+        seen.text.contains("Hidden for the viewer role: Error"),
+        "{}",
+        seen.text
+    );
 }
