@@ -442,6 +442,34 @@ async fn approval_on_one_instance_is_seen_on_another_and_the_change_is_recorded_
     assert_eq!(changed.len(), 1, "recorded once: {changed:?}");
 }
 
+/// A group pinned on another instance: this one, once it sees the pin, loads the group again
+/// and runs the copies of what it hashed, not the folder's files.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_group_pinned_elsewhere_runs_its_hashed_copies_here_once_the_pin_is_seen(pool: PgPool) {
+    let root = tempfile::tempdir().unwrap();
+    calc(root.path(), "Doubles x.");
+    let a = TestApp::with(pool.clone(), root.path(), None, &[]).await;
+    let b = TestApp::with(pool.clone(), root.path(), None, &[]).await;
+    let token = a.agent("tester", &["calc"]).await;
+    let r = a
+        .admin("PUT", "/api/v1/groups/calc/pin", Some(json!({"pin": true})))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    // What the NOTIFY does on B.
+    b.state.reload_policy().await.unwrap();
+    assert_eq!(b.tool_names(&token).await, ["calc__double"]);
+    let script = root.path().join("calc/double.sh");
+    std::fs::rename(&script, root.path().join("saved.sh")).unwrap();
+    std::fs::write(&script, "#!/bin/sh\necho '{\"v\": \"evil\"}'\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for app in [&a, &b] {
+        let r = app
+            .post_json("/tools/calc/double", Some(&token), json!({"x": 1}))
+            .await;
+        assert_eq!(r.body, json!({"v": 2}), "{}", r.text);
+    }
+}
+
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn the_command_line_lists_approves_and_rejects_held_tools(pool: PgPool) {
     let root = tempfile::tempdir().unwrap();
