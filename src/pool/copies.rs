@@ -121,7 +121,13 @@ impl ScriptCopies {
             .collect();
         others.sort();
         let id = version_id(folder, scripts, app, &others);
-        if let Some(live) = self.lookup(&id) {
+        // A live version whose files something outside the gateway removed (a cleaner of the
+        // temporary directory) is made anew, not handed out again.
+        let intact = |c: &GroupCopy| {
+            scripts.iter().all(|s| c.script(s.rel).is_file())
+                && app.iter().all(|a| c.app(a.rel).is_file())
+        };
+        if let Some(live) = self.lookup(&id).filter(|c| intact(c)) {
             return Ok(live);
         }
         // Built outside the lock: two loads of the same version at once each build one, and
@@ -136,7 +142,7 @@ impl ScriptCopies {
             return Err(e);
         }
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(other) = live.get(&id).and_then(Weak::upgrade) {
+        if let Some(other) = live.get(&id).and_then(Weak::upgrade).filter(|c| intact(c)) {
             drop(live);
             remove_tree(&dir);
             return Ok(other);
@@ -427,6 +433,15 @@ mod tests {
             )
             .unwrap();
         assert_ne!(other.files(), v.files());
+        // Removed from outside: made anew, not handed out again.
+        remove_tree(&v.dir);
+        let anew = copies.group(f.path(), &scripts, &app).unwrap();
+        assert!(!Arc::ptr_eq(&v, &anew));
+        assert_eq!(
+            fs::read(anew.script("run.py")).unwrap(),
+            b"print('hashed')".to_vec()
+        );
+        drop(anew);
         // The last user gone, the version goes.
         let dir = other.dir.clone();
         drop(other);
