@@ -425,6 +425,9 @@ impl AppState {
                 "policy reloaded"
             );
         }
+        if parts.contains(Parts::PINS) {
+            self.copy_pinned_groups().await;
+        }
         if parts.contains(Parts::UPSTREAMS) {
             self.reconcile_upstreams().await?;
         }
@@ -440,6 +443,27 @@ impl AppState {
             });
         }
         Ok(())
+    }
+
+    /// Keeps the script copies in step with the pins: the scripts of a group pinned since its
+    /// last load run from its folder (held meanwhile, see `PinState::holds`), so the pool is
+    /// loaded again, which copies them, before this returns.
+    async fn copy_pinned_groups(&self) {
+        let Some(copies) = self.settings.loader.copies.clone() else {
+            return;
+        };
+        let pinned = self.policy.pinned_groups();
+        let waiting = self.policy.catalog().tools().any(|t| {
+            pinned.contains(t.group())
+                && matches!(&t.exec, crate::pool::Execution::Script(s) if s.awaits_copy())
+        });
+        copies.set_pinned(pinned);
+        if waiting {
+            let state = self.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || state.reload_pool()).await {
+                tracing::warn!(error = %e, "reloading the pool for newly pinned groups failed");
+            }
+        }
     }
 
     /// Starts and stops upstream supervisors to match the `upstreams` table. A spec that no
@@ -603,6 +627,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let pool = db::connect(&args.db.database_url, 16).await?;
     db::migrate(&pool, &args.db.database_url).await?;
     crate::oauth::ensure_signing_key(&pool).await?;
+    if let Some(copies) = &settings.loader.copies {
+        // The first load copies the pinned groups' scripts, rather than a second one after
+        // the policy is read.
+        let mut conn = pool.acquire().await?;
+        copies.set_pinned(
+            db::pins::pinned_groups(&mut conn)
+                .await?
+                .into_iter()
+                .collect(),
+        );
+    }
     let mut first_load = None;
     // Start-up stages are timed at `info`: what a large pool costs to start is read here.
     let started = std::time::Instant::now();

@@ -169,12 +169,15 @@ impl PinState {
     /// A tool of a pinned group is held while its definition is not the approved one (a new
     /// tool has none). The previously approved definition is not served in its place: this
     /// instance no longer has it, and serving stale text under a new script would be worse.
+    /// A script tool loaded before its group was pinned is held too, until the load that
+    /// copies its script: until then a call would run the folder's file, not the hashed bytes.
     pub fn holds(&self, tool: &Tool) -> bool {
         self.groups.contains(tool.group())
-            && !self
+            && (!self
                 .approved
                 .get(tool.name.as_str())
                 .is_some_and(|h| tool.content_hash == *h)
+                || matches!(&tool.exec, crate::pool::Execution::Script(s) if s.awaits_copy()))
     }
 }
 
@@ -728,6 +731,12 @@ impl PolicyHandle {
 
     pub fn catalog(&self) -> Arc<Catalog> {
         self.load().catalog.clone()
+    }
+
+    /// The groups pinned now.
+    pub fn pinned_groups(&self) -> HashSet<String> {
+        let inputs = self.inputs.lock().unwrap_or_else(|p| p.into_inner());
+        inputs.state.pins.groups.clone()
     }
 }
 

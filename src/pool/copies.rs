@@ -1,13 +1,15 @@
-//! The gateway's own copies of the scripts it hashed: a call runs the bytes the pin hash
-//! covers, not whatever the tools folder holds when the call comes.
+//! The gateway's own copies of the scripts of pinned groups: a call runs the bytes the pin
+//! hash covers, not whatever the tools folder holds when the call comes.
 //!
-//! The loader reads each script once, hashes it, and writes those very bytes here, into a
+//! The loader reads each script once and hashes it; for a pinned group, it writes those very
+//! bytes here, into a
 //! read-only directory per version of the group (its scripts' names and contents, its other
 //! entries' names and its App files'). Beside the copies, that directory holds a symbolic link
 //! to every other top-level entry of the group's folder, so a script that finds its data from
 //! its own path (`dirname(__file__)`, `__dirname`) still finds `data/` there. A call executes
 //! the copy; a script swapped in the folder, even for a moment, never runs until it is loaded,
-//! hashed, and (in a pinned group) approved.
+//! hashed and approved. Groups that are not pinned run their folder's files, as an edit of
+//! them is served at once anyway: they cost no copy.
 //!
 //! The copies live under a directory of this gateway process (`toolgate-scripts-<pid>-<id>`)
 //! inside `--script-copies-dir`, outside the tools folder, so tool authors cannot write them. A
@@ -15,7 +17,7 @@
 //! (and the last call) using it is gone; the directories of gateways that no longer run are
 //! removed at start.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -38,6 +40,8 @@ pub struct ScriptCopies {
     root: PathBuf,
     /// Versions by content id; weak, so a version goes with its last user.
     live: Mutex<HashMap<String, Weak<GroupCopy>>>,
+    /// The groups pinned as this gateway knows them: the loader copies theirs.
+    pinned: arc_swap::ArcSwap<HashSet<String>>,
 }
 
 /// One version of one group's folder, as the gateway hashed it.
@@ -81,7 +85,18 @@ impl ScriptCopies {
         Ok(Arc::new(Self {
             root,
             live: Mutex::new(HashMap::new()),
+            pinned: Default::default(),
         }))
+    }
+
+    /// The groups pinned now.
+    pub fn set_pinned(&self, groups: HashSet<String>) {
+        self.pinned.store(Arc::new(groups));
+    }
+
+    /// Whether the loader copies the scripts of `group`.
+    pub fn is_pinned(&self, group: &str) -> bool {
+        self.pinned.load().contains(group)
     }
 
     /// This process's directory.
@@ -106,7 +121,13 @@ impl ScriptCopies {
             .collect();
         others.sort();
         let id = version_id(folder, scripts, app, &others);
-        if let Some(live) = self.lookup(&id) {
+        // A live version whose files something outside the gateway removed (a cleaner of the
+        // temporary directory) is made anew, not handed out again.
+        let intact = |c: &GroupCopy| {
+            scripts.iter().all(|s| c.script(s.rel).is_file())
+                && app.iter().all(|a| c.app(a.rel).is_file())
+        };
+        if let Some(live) = self.lookup(&id).filter(|c| intact(c)) {
             return Ok(live);
         }
         // Built outside the lock: two loads of the same version at once each build one, and
@@ -121,7 +142,7 @@ impl ScriptCopies {
             return Err(e);
         }
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(other) = live.get(&id).and_then(Weak::upgrade) {
+        if let Some(other) = live.get(&id).and_then(Weak::upgrade).filter(|c| intact(c)) {
             drop(live);
             remove_tree(&dir);
             return Ok(other);
@@ -412,6 +433,15 @@ mod tests {
             )
             .unwrap();
         assert_ne!(other.files(), v.files());
+        // Removed from outside: made anew, not handed out again.
+        remove_tree(&v.dir);
+        let anew = copies.group(f.path(), &scripts, &app).unwrap();
+        assert!(!Arc::ptr_eq(&v, &anew));
+        assert_eq!(
+            fs::read(anew.script("run.py")).unwrap(),
+            b"print('hashed')".to_vec()
+        );
+        drop(anew);
         // The last user gone, the version goes.
         let dir = other.dir.clone();
         drop(other);

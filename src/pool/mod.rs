@@ -235,8 +235,12 @@ pub struct ScriptGroup {
     /// How many calls of each of the group's tools run at once ([`slots`]).
     pub max_concurrency: usize,
     /// The gateway's copy of the group's scripts as hashed, which calls run; `None` when the
-    /// pool was loaded without copies (commands that run no script).
+    /// group was not pinned at its load, or the pool was loaded without a copy store (commands
+    /// that run no script): calls then run the folder's files.
     pub copies: Option<Arc<copies::GroupCopy>>,
+    /// Whether the pool was loaded with a copy store: a group of it that is pinned now and has
+    /// no copy waits for its next load to be served ([`ScriptSpec::awaits_copy`]).
+    pub copy_store: bool,
     /// The identity of the group's `openapi.json` when it was read.
     pub spec_stamp: FileStamp,
 }
@@ -296,6 +300,13 @@ impl ScriptSpec {
     /// The group's folder, where the script runs.
     pub fn workdir(&self) -> &Path {
         &self.group.workdir
+    }
+
+    /// Loaded while its group was not pinned, so it would run the folder's file, which the
+    /// hash does not bind: a pinned group's tool in this state is held until the next load
+    /// copies it.
+    pub fn awaits_copy(&self) -> bool {
+        self.group.copy_store && self.group.copies.is_none()
     }
 }
 

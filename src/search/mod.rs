@@ -409,6 +409,7 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
                     sandbox: Default::default(),
                     max_concurrency: 1,
                     copies: None,
+                    copy_store: false,
                     spec_stamp: Default::default(),
                 }),
                 file: "".into(),

@@ -113,3 +113,40 @@ async fn the_watcher_reloads_after_a_change_settles() {
     // Several file writes in one burst make one reload, not one per write.
     assert_eq!(reloads.load(Ordering::SeqCst), 1);
 }
+
+/// A folder touched without pause (by a tool author, to keep a swapped script from ever being
+/// loaded and recorded) still gets reloaded: the quiet period is not waited for forever.
+#[tokio::test]
+async fn a_folder_touched_without_pause_is_still_reloaded() {
+    let root = tempfile::tempdir().unwrap();
+    let reloads = Arc::new(AtomicUsize::new(0));
+    let counter = reloads.clone();
+    let debounce = Duration::from_millis(100);
+    let _watcher = toolgate::pool::watcher::spawn(root.path().to_path_buf(), debounce, move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    let started = std::time::Instant::now();
+    let mut first = None;
+    // A write every 20 ms, for 3 s: never a quiet period of 100 ms.
+    while started.elapsed() < Duration::from_secs(3) {
+        std::fs::write(
+            root.path().join("noise"),
+            format!("{:?}", started.elapsed()),
+        )
+        .unwrap();
+        if first.is_none() && reloads.load(Ordering::SeqCst) > 0 {
+            first = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = first.expect("no reload while the folder kept changing");
+    assert!(
+        first < Duration::from_secs(2),
+        "first reload after {first:?}"
+    );
+    assert!(
+        reloads.load(Ordering::SeqCst) >= 2,
+        "one reload per burst window"
+    );
+}
