@@ -179,14 +179,14 @@ pub const SPECIAL_V6: &[([u16; 8], u8, &str)] = &[
     ([0xff00, 0, 0, 0, 0, 0, 0, 0], 8, "multicast (RFC 4291)"),
 ];
 
+// ipnet (already used for trusted proxies) does the prefix arithmetic. A bad prefix length in a
+// table would match nothing, which `every_special_purpose_block_is_refused_throughout` catches.
 fn in_v4(ip: Ipv4Addr, (net, len, _): &([u8; 4], u8, &str)) -> bool {
-    let mask = u32::MAX.checked_shl(32 - u32::from(*len)).unwrap_or(0);
-    u32::from(ip) & mask == u32::from(Ipv4Addr::from(*net)) & mask
+    ipnet::Ipv4Net::new(Ipv4Addr::from(*net), *len).is_ok_and(|n| n.contains(&ip))
 }
 
 fn in_v6(ip: Ipv6Addr, (net, len, _): &([u16; 8], u8, &str)) -> bool {
-    let mask = u128::MAX.checked_shl(128 - u32::from(*len)).unwrap_or(0);
-    u128::from(ip) & mask == u128::from(Ipv6Addr::from(*net)) & mask
+    ipnet::Ipv6Net::new(Ipv6Addr::from(*net), *len).is_ok_and(|n| n.contains(&ip))
 }
 
 /// The special-purpose block `ip` falls in, if any (for logs and tests).
