@@ -33,10 +33,10 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::io::AsyncWriteExt;
 
-use toolgate::app::{AppState, Settings};
 use toolgate::audit::AuditEvent;
 use toolgate::audit::writer::AuditLog;
 use toolgate::config::{Cli, Command};
+use toolgate::state::{AppState, Settings};
 
 struct Options {
     smoke: bool,
@@ -128,6 +128,7 @@ async fn app(url: &str, tools: &Path, audited: bool, extra: &[&str]) -> (AppStat
         unreachable!()
     };
     let settings = Settings::from_args(&serve).unwrap();
+    let surfaces = toolgate::app::Surfaces::from_args(&serve, &settings).unwrap();
     let pool = toolgate::db::connect(url, 16).await.unwrap();
     toolgate::db::migrate(&pool, url).await.unwrap();
     toolgate::oauth::ensure_signing_key(&pool).await.unwrap();
@@ -140,7 +141,7 @@ async fn app(url: &str, tools: &Path, audited: bool, extra: &[&str]) -> (AppStat
     state.reload_policy().await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let router = toolgate::app::router(state.clone());
+    let router = toolgate::app::router(state.clone(), surfaces);
     tokio::spawn(async move {
         axum::serve(
             listener,

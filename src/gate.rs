@@ -21,13 +21,13 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::app::AppState;
 use crate::audit::writer::AuditUnavailable;
 use crate::audit::{self, AuditEvent, EventKind, Outcome as AuditOutcome, RequestOrigin};
 use crate::limits::Refusal;
 use crate::policy::snapshot::{Discovery, PolicySnapshot, Principal};
 use crate::pool::runner::{self, ScriptOutcome};
 use crate::pool::{Execution, Tool};
+use crate::state::AppState;
 use crate::upstream::UpstreamError;
 use rmcp::model::{CallToolResult, ContentBlock};
 

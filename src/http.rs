@@ -12,9 +12,9 @@ use axum::{Json, Router};
 use serde_json::json;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
-use crate::app::AppState;
 use crate::auth::token::TokenError;
 use crate::policy::snapshot::Principal;
+use crate::state::AppState;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 

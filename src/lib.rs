@@ -24,6 +24,7 @@ pub mod pool;
 pub mod rest;
 pub mod search;
 pub mod service;
+pub mod state;
 pub mod telemetry;
 pub mod upstream;
 pub mod web;

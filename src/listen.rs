@@ -55,7 +55,7 @@ pub struct Bounds {
 const PROXY_IDLE: Duration = Duration::from_secs(90);
 
 impl Bounds {
-    pub fn from_settings(s: &crate::app::Settings) -> Self {
+    pub fn from_settings(s: &crate::state::Settings) -> Self {
         let secs = |n: u64| (n > 0).then(|| Duration::from_secs(n));
         Self {
             header_read: secs(s.perimeter.header_read_timeout_secs),

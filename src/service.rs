@@ -7,13 +7,13 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::app::AppState;
 use crate::auth::secrets;
 use crate::db;
 use crate::db::policy::AgentSettings;
 use crate::policy::GrantTarget;
 use crate::policy::arguments::{self, ArgumentRules, RuleProblem};
 use crate::policy::snapshot::{Discovery, GrantMatch, Parts, PolicySnapshot, RateLimitRecord};
+use crate::state::AppState;
 
 /// Why a control-plane operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -704,7 +704,7 @@ pub async fn put_public_client(
         || !client_id
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'))
-        || crate::oauth::cimd::is_url_client_id(client_id)
+        || crate::auth::cimd::is_url_client_id(client_id)
     {
         return Err(ServiceError::Invalid(format!(
             "client id `{client_id}` must be 1-128 letters, digits, `_`, `.`, `:` or `-` (and not a URL: URL client ids are metadata documents)"
@@ -722,7 +722,7 @@ pub async fn put_public_client(
         ));
     }
     for u in redirect_uris {
-        crate::oauth::authorize::check_registered_redirect(u).map_err(ServiceError::Invalid)?;
+        crate::auth::redirect::check_registered_redirect(u).map_err(ServiceError::Invalid)?;
     }
     let mut tx = pool.begin().await?;
     db::authorizations::put_public_client(&mut tx, actor, client_id, name, redirect_uris).await?;

@@ -6,9 +6,9 @@
 
 use clap::Parser;
 use serde_json::json;
-use toolgate::app::Settings;
 use toolgate::config::{Cli, Command};
 use toolgate::search::{self, SearchIndex};
+use toolgate::state::Settings;
 
 /// A table in the format `bench/embeddings/*.py` write: pieces with a log-probability, then
 /// one i8 vector and one f32 scale each.

@@ -26,7 +26,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use toolgate::app::{AppState, Settings};
+use toolgate::state::{AppState, Settings};
 use toolgate::audit::writer::AuditLog;
 use toolgate::config::{Cli, Command};
 use toolgate::policy::snapshot::{AgentRecord, Discovery, GrantRecord, PolicyState};
@@ -83,6 +83,7 @@ fn app(rt: &tokio::runtime::Runtime, tools: &std::path::Path, discovery: Discove
         unreachable!()
     };
     let settings = Settings::from_args(&serve).unwrap();
+    let surfaces = toolgate::app::Surfaces::from_args(&serve, &settings).unwrap();
     let _guard = rt.enter();
     // Nothing on this path may need the database; a refused port fails fast if it tries.
     let db = sqlx::postgres::PgPoolOptions::new()
@@ -122,7 +123,7 @@ fn app(rt: &tokio::runtime::Runtime, tools: &std::path::Path, discovery: Discove
         4,
         "the fixture pool loads"
     );
-    toolgate::app::router(state)
+    toolgate::app::router(state, surfaces)
 }
 
 static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {

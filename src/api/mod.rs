@@ -9,9 +9,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::app::AppState;
 use crate::audit::{AuditEvent, EventKind, Outcome, RequestOrigin};
 use crate::service::{self, ServiceError};
+use crate::state::AppState;
 
 pub fn router(state: AppState) -> Router<AppState> {
     Router::new()

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use rmcp::ErrorData as McpError;
 use rmcp::model::{ReadResourceResult, Resource, ResourceContents};
 
-use crate::app::AppState;
 use crate::gate::Gate;
 use crate::pool::{Execution, Tool};
+use crate::state::AppState;
 
 /// The MIME type of an MCP App's HTML.
 pub const UI_MIME: &str = "text/html;profile=mcp-app";

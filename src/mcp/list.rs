@@ -28,11 +28,11 @@ use rmcp::model::{
 use serde_json::json;
 
 use super::{decode_cursor, encode_cursor, page, refused};
-use crate::app::AppState;
 use crate::audit::{EventKind, Outcome, RequestOrigin};
 use crate::gate::{Gate, Surface};
 use crate::policy::snapshot::{Discovery, Principal};
 use crate::search::{self, Listed};
+use crate::state::AppState;
 
 /// One page of a caller's `tools/list`.
 pub(super) struct Listing {

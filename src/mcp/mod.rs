@@ -17,11 +17,11 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
-use crate::app::AppState;
 use crate::audit::{EventKind, Outcome, RequestOrigin};
 use crate::gate::{Gate, Refused, Surface};
 use crate::policy::snapshot::Principal;
 use crate::search;
+use crate::state::AppState;
 
 pub mod apps;
 mod jsonrpc;

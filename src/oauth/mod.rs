@@ -3,7 +3,6 @@
 //! the authorization-code grant for interactive hosts ([`authorize`], [`cimd`]).
 
 pub mod authorize;
-pub mod cimd;
 
 use std::collections::HashMap;
 
@@ -19,12 +18,12 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::app::AppState;
 use crate::audit::{AuditEvent, EventKind, Outcome, RequestOrigin};
 use crate::auth::token::{self, AccessClaims, sign};
 use crate::auth::{keys, secrets};
 use crate::db;
 use crate::policy::GrantTarget;
+use crate::state::AppState;
 
 pub const CLIENT_ASSERTION_TYPE: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
 /// Algorithms accepted for `private_key_jwt` client assertions.

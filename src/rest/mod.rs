@@ -12,12 +12,12 @@ use axum::routing::{any, get};
 use axum::{Extension, Json, Router};
 use serde_json::{Map, Value, json};
 
-use crate::app::AppState;
 use crate::audit::{EventKind, Outcome, RequestOrigin};
 use crate::gate::{self, Gate, Refused, Surface};
 use crate::policy::snapshot::Principal;
 use crate::pool::Tool;
 use crate::pool::runner::ScriptOutcome;
+use crate::state::AppState;
 
 /// Largest request body accepted by a REST tool endpoint.
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;

@@ -9,11 +9,11 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 
+use super::WebState;
 use super::error::WebError;
 use super::session::{self, random_token, same_token, set_cookie};
 use super::users;
 use super::view::{ConfirmPage, Ctx, Flash, Nav, PageCtx, render, render_status, when};
-use crate::app::AppState;
 
 /// Double-submit token of the reset form, which has no session.
 const RESET_COOKIE: &str = "toolgate_reset";
@@ -52,7 +52,7 @@ struct IndexPage {
     new_username: String,
 }
 
-pub async fn index(State(state): State<AppState>, ctx: Ctx) -> Result<Response, WebError> {
+pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
     let rows = users::list(&state.db).await?.iter().map(row).collect();
     render(&IndexPage {
         page: ctx.page(Nav::Accounts, "Accounts"),
@@ -73,7 +73,7 @@ pub struct NewAccount {
 }
 
 pub async fn create(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Form(form): Form<NewAccount>,
 ) -> Result<Response, WebError> {
@@ -136,7 +136,7 @@ struct ShowPage {
 }
 
 pub async fn show(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path(username): Path<String>,
 ) -> Result<Response, WebError> {
@@ -193,7 +193,7 @@ fn question(action: &str, username: &str) -> Option<(String, Vec<String>, &'stat
 }
 
 pub async fn confirm(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path((username, action)): Path<(String, String)>,
 ) -> Result<Response, WebError> {
@@ -232,7 +232,7 @@ struct ResetLinkPage {
 /// Every change of an account: `disable`, `enable`, `delete`, `role`, `reset`,
 /// `end-sessions` (one session with `session=<id>`, else all).
 pub async fn act(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path((username, action)): Path<(String, String)>,
     Form(form): Form<ActionForm>,
@@ -299,7 +299,7 @@ struct ResetPage {
 
 /// The link of a reset token. The token is in the query, which request logs leave out (they
 /// record the path).
-pub fn reset_url(state: &AppState, token: &str) -> String {
+pub fn reset_url(state: &crate::state::AppState, token: &str) -> String {
     format!("{}/admin/reset?token={token}", state.settings.issuer)
 }
 
@@ -325,7 +325,7 @@ fn gone() -> WebError {
 }
 
 pub async fn reset_form(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     axum::extract::Query(ResetQuery { token }): axum::extract::Query<ResetQuery>,
 ) -> Result<Response, WebError> {
     if !plausible_token(&token) {
@@ -363,7 +363,7 @@ pub struct ResetForm {
 }
 
 pub async fn reset_submit(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     headers: HeaderMap,
     Form(form): Form<ResetForm>,
 ) -> Result<Response, WebError> {

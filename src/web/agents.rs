@@ -8,6 +8,7 @@ use axum::http::{StatusCode, header};
 use axum::response::Response;
 use serde::Deserialize;
 
+use super::WebState;
 use super::audit::{EventRow, event_row};
 use super::dashboard::{ZeroMatch, problems};
 use super::error::WebError;
@@ -16,7 +17,6 @@ use super::session::redirect_with;
 use super::view::{
     ConfirmPage, Ctx, Flash, Nav, PageCtx, render, render_status, summary_line, thousands, when,
 };
-use crate::app::AppState;
 use crate::search::{AgentTokens, agent_tokens};
 use crate::service::{self, ServiceError};
 
@@ -39,7 +39,7 @@ struct AgentsPage {
     new_description: String,
 }
 
-fn agent_rows(state: &AppState) -> Vec<AgentListRow> {
+fn agent_rows(state: &WebState) -> Vec<AgentListRow> {
     service::agent_summaries(&state.policy.load())
         .into_iter()
         .map(|a| AgentListRow {
@@ -57,7 +57,7 @@ fn agent_rows(state: &AppState) -> Vec<AgentListRow> {
         .collect()
 }
 
-pub async fn index(State(state): State<AppState>, ctx: Ctx) -> Result<Response, WebError> {
+pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
     render(&AgentsPage {
         page: ctx.page(Nav::Agents, "Agents"),
         rows: agent_rows(&state),
@@ -77,7 +77,7 @@ pub struct NewAgentForm {
 }
 
 pub async fn create(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Form(form): Form<NewAgentForm>,
 ) -> Result<Response, WebError> {
@@ -203,7 +203,7 @@ struct AgentPage {
 }
 
 pub async fn show(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path(name): Path<String>,
 ) -> Result<Response, WebError> {
@@ -297,7 +297,7 @@ pub async fn show(
 }
 
 pub async fn confirm_delete(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path(name): Path<String>,
 ) -> Result<Response, WebError> {
@@ -325,7 +325,7 @@ pub async fn confirm_delete(
 }
 
 pub async fn delete(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path(name): Path<String>,
 ) -> Result<Response, WebError> {
@@ -356,7 +356,7 @@ pub struct NewClientForm {
 /// Shows the new secret in the response itself, once: it is stored only as a hash, so there is
 /// no page to redirect to that could show it. The page is `no-store`.
 pub async fn create_client(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path(name): Path<String>,
     Form(form): Form<NewClientForm>,
@@ -383,7 +383,7 @@ pub async fn create_client(
     Ok(r)
 }
 
-async fn client_agent(state: &AppState, client_id: &str) -> Result<String, WebError> {
+async fn client_agent(state: &WebState, client_id: &str) -> Result<String, WebError> {
     crate::db::policy::clients(&state.db, None)
         .await?
         .into_iter()
@@ -393,7 +393,7 @@ async fn client_agent(state: &AppState, client_id: &str) -> Result<String, WebEr
 }
 
 pub async fn confirm_revoke_client(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path(client_id): Path<String>,
 ) -> Result<Response, WebError> {
@@ -414,7 +414,7 @@ pub async fn confirm_revoke_client(
 }
 
 pub async fn revoke_client(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path(client_id): Path<String>,
 ) -> Result<Response, WebError> {

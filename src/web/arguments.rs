@@ -8,11 +8,11 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
 
+use super::WebState;
 use super::error::WebError;
 use super::grants::{CatalogOption, catalog_options};
 use super::session::redirect_with;
 use super::view::{Ctx, Flash, Nav, PageCtx, render, render_status};
-use crate::app::AppState;
 use crate::policy::arguments::{RuleProblem, Severity};
 use crate::service::{self, ServiceError};
 
@@ -46,7 +46,7 @@ struct EditPage {
 }
 
 fn page(
-    state: &AppState,
+    state: &WebState,
     ctx: &Ctx,
     agent: &str,
     target: &str,
@@ -90,7 +90,7 @@ fn page(
 }
 
 pub async fn edit(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path(name): Path<String>,
 ) -> Result<Response, WebError> {
@@ -109,7 +109,7 @@ pub struct RuleForm {
 }
 
 pub async fn submit(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path(name): Path<String>,
     Form(form): Form<RuleForm>,

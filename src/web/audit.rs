@@ -8,9 +8,9 @@ use axum::response::Response;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use serde::Deserialize;
 
+use super::WebState;
 use super::error::WebError;
 use super::view::{Ctx, Nav, PageCtx, pretty_json, render, when};
-use crate::app::AppState;
 use crate::audit::chain::ChainedEvent;
 use crate::audit::export::Format;
 use crate::audit::{EventKind, Outcome};
@@ -183,7 +183,7 @@ struct AuditPage {
 }
 
 pub async fn index(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Query(q): Query<AuditQuery>,
 ) -> Result<Response, WebError> {
@@ -276,7 +276,7 @@ struct EventPage {
 }
 
 pub async fn show(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path(id): Path<String>,
 ) -> Result<Response, WebError> {
@@ -375,7 +375,7 @@ pub async fn show(
 
 /// Streams the current filter as CSV or JSONL; for the roles that may export.
 pub async fn export(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     origin: Option<Extension<crate::audit::RequestOrigin>>,
     Query(q): Query<AuditQuery>,

@@ -7,13 +7,13 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 use serde::Deserialize;
 
+use super::WebState;
 use super::error::WebError;
 use super::session::{
     self, Admin, LOGIN_COOKIE, SESSION_COOKIE, client_ip, random_token, same_token, set_cookie,
     sha256_hex,
 };
 use super::view::render_status;
-use crate::app::AppState;
 use crate::audit::{AuditEvent, EventKind, Outcome, RequestOrigin};
 use crate::auth::secrets;
 use crate::db;
@@ -54,7 +54,7 @@ pub(super) fn safe_next(next: Option<&str>) -> String {
 }
 
 fn login_page(
-    state: &AppState,
+    state: &WebState,
     status: StatusCode,
     csrf: String,
     page: LoginPage,
@@ -68,18 +68,14 @@ fn login_page(
 }
 
 pub async fn login_form(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     headers: HeaderMap,
     Query(q): Query<LoginQuery>,
 ) -> Result<Response, WebError> {
     if let Some(token) = session::cookie(&headers, SESSION_COOKIE)
-        && db::admin::session(
-            &state.db,
-            &sha256_hex(token),
-            state.settings.accounts.session_idle,
-        )
-        .await?
-        .is_some()
+        && db::admin::session(&state.db, &sha256_hex(token), state.accounts.session_idle)
+            .await?
+            .is_some()
     {
         return Ok(Redirect::to(&safe_next(q.next.as_deref())).into_response());
     }
@@ -99,7 +95,7 @@ pub async fn login_form(
             (None, None) => None,
         },
         provider: super::sso::login_options(&state).provider,
-        password: state.settings.accounts.password_sign_in,
+        password: state.accounts.password_sign_in,
     };
     login_page(&state, StatusCode::OK, csrf, page)
 }
@@ -126,7 +122,7 @@ fn login_event(outcome: Outcome, username: &str, origin: Option<&RequestOrigin>)
 }
 
 pub async fn login_submit(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     headers: HeaderMap,
     origin: Option<Extension<RequestOrigin>>,
     Form(form): Form<LoginForm>,
@@ -147,7 +143,7 @@ pub async fn login_submit(
                 error: Some(error.to_owned()),
                 notice: None,
                 provider: super::sso::login_options(&state).provider,
-                password: state.settings.accounts.password_sign_in,
+                password: state.accounts.password_sign_in,
             },
         )
     };
@@ -157,7 +153,7 @@ pub async fn login_submit(
             StatusCode::FORBIDDEN,
         );
     }
-    if !state.settings.accounts.password_sign_in {
+    if !state.accounts.password_sign_in {
         state.audit.record_detached(login_event(
             Outcome::Denied,
             &form.username,
@@ -231,12 +227,12 @@ pub async fn login_submit(
 /// Starts a session for `user_id` (checked and signed in by the caller); the `Set-Cookie`
 /// value that hands it to the browser.
 pub(super) async fn open_session(
-    state: &AppState,
+    state: &WebState,
     user_id: uuid::Uuid,
     origin: Option<&RequestOrigin>,
 ) -> Result<axum::http::HeaderValue, WebError> {
     let token = random_token();
-    let lifetime = state.settings.accounts.session_max;
+    let lifetime = state.accounts.session_max;
     let expires = chrono::Utc::now()
         + chrono::Duration::from_std(lifetime).unwrap_or(chrono::Duration::hours(12));
     db::admin::create_session(
@@ -259,7 +255,7 @@ pub(super) async fn open_session(
 }
 
 pub async fn logout(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     admin: Admin,
     origin: Option<Extension<RequestOrigin>>,
 ) -> Result<Response, WebError> {

@@ -7,10 +7,10 @@ use axum::extract::{Path, State};
 use axum::response::Response;
 use serde::Deserialize;
 
+use super::WebState;
 use super::error::WebError;
 use super::session::{Admin, redirect_with};
 use super::view::{Flash, render, when};
-use crate::app::AppState;
 use crate::db;
 use crate::service;
 
@@ -35,7 +35,7 @@ struct AuthorizationsPage {
 }
 
 pub async fn index(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     admin: Admin,
     flash: Option<axum::Extension<Flash>>,
 ) -> Result<Response, WebError> {
@@ -76,7 +76,7 @@ pub async fn index(
 }
 
 pub async fn revoke(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     admin: Admin,
     Path(id): Path<String>,
 ) -> Result<Response, WebError> {
@@ -99,7 +99,7 @@ pub struct UserForm {
 
 /// Adds a person who may act as the agent (admins only: `require_session` refuses others).
 pub async fn add_user(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     admin: Admin,
     Path(name): Path<String>,
     Form(form): Form<UserForm>,
@@ -115,7 +115,7 @@ pub async fn add_user(
 
 /// Removes a person from the agent; what they authorized for it is revoked.
 pub async fn remove_user(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     admin: Admin,
     Path(name): Path<String>,
     Form(form): Form<UserForm>,

@@ -12,10 +12,10 @@ use axum::Form;
 use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
 
+use super::WebState;
 use super::error::WebError;
 use super::session::Admin;
 use super::view::render;
-use crate::app::AppState;
 use crate::oauth::authorize::{self, AuthorizeRequest};
 
 /// The request's parameters carried through the form, and nothing else.
@@ -47,7 +47,7 @@ struct ConsentPage {
 
 /// A refused request, for the signed-in person: a page, or the error sent back to a client an
 /// admin registered.
-fn refused(state: &AppState, e: authorize::AuthorizeError) -> Response {
+fn refused(state: &WebState, e: authorize::AuthorizeError) -> Response {
     match e.for_signed_in(&state.settings.issuer) {
         Ok(r) => r,
         Err(m) => WebError::BadRequest(m).into_response(),
@@ -55,7 +55,7 @@ fn refused(state: &AppState, e: authorize::AuthorizeError) -> Response {
 }
 
 async fn checked(
-    state: &AppState,
+    state: &WebState,
     params: &HashMap<String, String>,
 ) -> Result<AuthorizeRequest, Response> {
     authorize::validate(state, params)
@@ -64,7 +64,7 @@ async fn checked(
 }
 
 pub async fn show(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     admin: Admin,
     RawQuery(query): RawQuery,
 ) -> Result<Response, WebError> {
@@ -125,7 +125,7 @@ fn csp_allowing(redirect_uri: &str) -> Option<axum::http::HeaderValue> {
 }
 
 pub async fn submit(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     admin: Admin,
     Form(form): Form<HashMap<String, String>>,
 ) -> Result<Response, WebError> {

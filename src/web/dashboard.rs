@@ -5,9 +5,9 @@ use askama::Template;
 use axum::extract::State;
 use axum::response::Response;
 
+use super::WebState;
 use super::error::WebError;
 use super::view::{Ctx, Nav, PageCtx, render, thousands};
-use crate::app::AppState;
 use crate::policy::snapshot::PolicySnapshot;
 use crate::service::{self, AgentSummary};
 
@@ -121,7 +121,7 @@ struct DashboardPage {
     held: usize,
 }
 
-pub async fn show(State(state): State<AppState>, ctx: Ctx) -> Result<Response, WebError> {
+pub async fn show(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
     let snapshot = state.policy.load();
     let summaries = service::agent_summaries(&snapshot);
     let (zero_match, blind) = problems(&summaries);

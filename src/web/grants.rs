@@ -8,11 +8,11 @@ use axum::{Form, Json};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::WebState;
 use super::dashboard::{ZeroMatch, problems};
 use super::error::WebError;
 use super::session::redirect_with;
 use super::view::{ConfirmPage, Ctx, Flash, Nav, PageCtx, render, render_status, when};
-use crate::app::AppState;
 use crate::policy::snapshot::PolicySnapshot;
 use crate::service::{self, ServiceError};
 
@@ -85,7 +85,7 @@ struct GrantsPage {
     rows: Vec<GrantListRow>,
 }
 
-pub async fn index(State(state): State<AppState>, ctx: Ctx) -> Result<Response, WebError> {
+pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
     let snapshot = state.policy.load();
     let (zero_match, _) = problems(&service::agent_summaries(&snapshot));
     let rows = snapshot
@@ -124,7 +124,7 @@ struct EditorPage {
 }
 
 fn editor(
-    state: &AppState,
+    state: &WebState,
     ctx: &Ctx,
     agent: &str,
     target: &str,
@@ -158,7 +158,7 @@ pub struct EditorQuery {
 /// The editor; with `target` set it shows the preview straight away (links from "did you
 /// mean" land here).
 pub async fn new(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Query(q): Query<EditorQuery>,
 ) -> Result<Response, WebError> {
@@ -177,7 +177,7 @@ pub struct GrantForm {
 }
 
 pub async fn submit(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Form(form): Form<GrantForm>,
 ) -> Result<Response, WebError> {
@@ -223,7 +223,7 @@ pub struct PreviewQuery {
 
 /// The live preview of the editor's script: the same answer as the Preview button, as JSON.
 pub async fn preview_json(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     _ctx: Ctx,
     Query(q): Query<PreviewQuery>,
 ) -> Response {
@@ -247,7 +247,7 @@ pub struct RemoveForm {
 }
 
 pub async fn confirm_remove(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Query(q): Query<RemoveForm>,
 ) -> Result<Response, WebError> {
@@ -289,7 +289,7 @@ pub async fn confirm_remove(
 }
 
 pub async fn remove(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Form(form): Form<RemoveForm>,
 ) -> Result<Response, WebError> {

@@ -9,11 +9,11 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
+use super::WebState;
 use super::error::WebError;
 use super::grants::{CatalogOption, catalog_options};
 use super::session::redirect_with;
 use super::view::{Ctx, Flash, Nav, PageCtx, render, render_status};
-use crate::app::AppState;
 use crate::limits::{Limit, LimitForm, Period};
 use crate::policy::snapshot::RateLimitRecord;
 use crate::service::{self, ServiceError};
@@ -44,7 +44,7 @@ struct LimitsPage {
     agents: Vec<AgentLimits>,
 }
 
-pub async fn index(State(state): State<AppState>, ctx: Ctx) -> Result<Response, WebError> {
+pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
     let snapshot = state.policy.load();
     render(&LimitsPage {
         page: ctx.page(Nav::Limits, "Rate limits"),
@@ -120,7 +120,7 @@ const BLANK_ROWS: usize = 2;
 
 fn edit_page(
     ctx: &Ctx,
-    state: &AppState,
+    state: &WebState,
     agent: &str,
     mut rows: Vec<LimitInput>,
     error: Option<String>,
@@ -141,7 +141,7 @@ fn edit_page(
 }
 
 pub async fn edit(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path(name): Path<String>,
 ) -> Result<Response, WebError> {
@@ -253,7 +253,7 @@ fn read_rows(
 }
 
 pub async fn save(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Path(name): Path<String>,
     Form(fields): Form<Vec<(String, String)>>,

@@ -31,7 +31,11 @@ use axum::middleware::{Next, from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 
-use crate::app::AppState;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use crate::config::ServeArgs;
+use crate::state::AppState;
 pub use error::WebError;
 pub use session::Role;
 
@@ -39,8 +43,48 @@ pub use session::Role;
 pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
     img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
+/// The admin UI's own settings, resolved from `serve`'s flags and handed in at mount time.
+#[derive(Clone)]
+pub struct Config {
+    /// Session lifetimes and the sign-in methods.
+    pub accounts: session::AccountSettings,
+    /// Sign-in with an OpenID Provider, when configured.
+    pub sso: Option<Arc<sso::Sso>>,
+}
+
+impl Config {
+    /// `public_base`: the issuer, the base of the SSO redirect URL.
+    pub fn from_args(args: &ServeArgs, public_base: &str) -> anyhow::Result<Self> {
+        Ok(Self {
+            accounts: session::AccountSettings::from_args(args),
+            sso: sso::SsoSettings::from_args(&args.oidc, public_base)?
+                .map(|s| Arc::new(sso::Sso::new(s))),
+        })
+    }
+}
+
+/// What the UI's handlers read: the live state, and the UI's own settings beside it.
+#[derive(Clone)]
+pub struct WebState {
+    app: AppState,
+    pub accounts: session::AccountSettings,
+    pub sso: Option<Arc<sso::Sso>>,
+}
+
+impl Deref for WebState {
+    type Target = AppState;
+    fn deref(&self) -> &AppState {
+        &self.app
+    }
+}
+
 /// `/admin/...` and `/static/...`.
-pub fn router(state: AppState) -> Router<AppState> {
+pub fn router<S>(app: AppState, config: Config) -> Router<S> {
+    let state = WebState {
+        app,
+        accounts: config.accounts,
+        sso: config.sso,
+    };
     let protected = Router::new()
         .route("/", get(dashboard::show))
         .route("/agents", get(agents::index).post(agents::create))
@@ -118,8 +162,9 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/static/admin.css", get(stylesheet))
         .route("/static/admin.js", get(script))
         .route("/static/favicon.svg", get(favicon))
-        .layer(from_fn_with_state(state, error_pages))
+        .layer(from_fn_with_state(state.clone(), error_pages))
         .layer(from_fn(security_headers))
+        .with_state(state)
 }
 
 async fn not_found() -> WebError {
@@ -128,7 +173,7 @@ async fn not_found() -> WebError {
 
 /// Turns every error response of the UI into a page that shows the request id and nothing
 /// else about the failure (the details went to the log, once, where the error was made).
-async fn error_pages(State(_state): State<AppState>, req: Request, next: Next) -> Response {
+async fn error_pages(State(_state): State<WebState>, req: Request, next: Next) -> Response {
     let request_id = req
         .headers()
         .get(crate::http::REQUEST_ID)

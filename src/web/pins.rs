@@ -10,10 +10,10 @@ use axum::extract::State;
 use axum::response::Response;
 use serde::Deserialize;
 
+use super::WebState;
 use super::error::WebError;
 use super::session::redirect_with;
 use super::view::{Ctx, Flash, Nav, PageCtx, render, when};
-use crate::app::AppState;
 use crate::service;
 
 /// One line of a unified diff, with how to show it.
@@ -62,7 +62,7 @@ struct PendingPage {
     held: Vec<HeldView>,
 }
 
-pub async fn index(State(state): State<AppState>, ctx: Ctx) -> Result<Response, WebError> {
+pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
     let held = service::pending_tools(&state)
         .await?
         .into_iter()
@@ -96,7 +96,7 @@ pub struct DecisionForm {
 /// The form names the exact definition the admin saw, so a change arriving in between is not
 /// approved unseen.
 pub async fn approve(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Form(form): Form<DecisionForm>,
 ) -> Result<Response, WebError> {
@@ -119,7 +119,7 @@ pub async fn approve(
 }
 
 pub async fn reject(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     ctx: Ctx,
     Form(form): Form<DecisionForm>,
 ) -> Result<Response, WebError> {

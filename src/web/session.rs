@@ -19,9 +19,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
+use super::WebState;
 use super::error::WebError;
 use super::view::Flash;
-use crate::app::AppState;
 use crate::db;
 
 pub const SESSION_COOKIE: &str = "toolgate_session";
@@ -194,7 +194,7 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// A `Set-Cookie` value; `max_age` 0 deletes the cookie.
 pub fn set_cookie(
-    state: &AppState,
+    state: &WebState,
     name: &str,
     value: &str,
     path: &str,
@@ -220,15 +220,13 @@ pub fn client_ip(origin: Option<&crate::audit::RequestOrigin>) -> IpAddr {
 }
 
 /// Signs requests in, checks CSRF on every state change, and keeps non-admins read-only.
-pub async fn require_session(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn require_session(State(state): State<WebState>, req: Request, next: Next) -> Response {
     let hash = cookie(req.headers(), SESSION_COOKIE).map(sha256_hex);
     let record = match &hash {
-        Some(h) => {
-            match db::admin::session(&state.db, h, state.settings.accounts.session_idle).await {
-                Ok(r) => r,
-                Err(e) => return WebError::from(e).into_response(),
-            }
-        }
+        Some(h) => match db::admin::session(&state.db, h, state.accounts.session_idle).await {
+            Ok(r) => r,
+            Err(e) => return WebError::from(e).into_response(),
+        },
         None => None,
     };
     let safe = matches!(*req.method(), Method::GET | Method::HEAD);
@@ -318,7 +316,7 @@ pub async fn require_session(State(state): State<AppState>, req: Request, next: 
 }
 
 /// A redirect that shows `flash` on the next page (post/redirect/get).
-pub fn redirect_with(state: &AppState, to: &str, flash: Flash) -> Response {
+pub fn redirect_with(state: &WebState, to: &str, flash: Flash) -> Response {
     let mut r = Redirect::to(to).into_response();
     r.headers_mut().append(
         header::SET_COOKIE,

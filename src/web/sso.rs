@@ -30,9 +30,9 @@ use openidconnect::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::WebState;
 use super::error::WebError;
 use super::session::{self, Role, client_ip, random_token, sha256_hex};
-use crate::app::AppState;
 use crate::audit::{AuditEvent, EventKind, Outcome, RequestOrigin};
 use crate::config::OidcArgs;
 use crate::db;
@@ -264,13 +264,13 @@ impl Sso {
     }
 }
 
-fn sso(state: &AppState) -> Result<&Sso, WebError> {
-    state.sso.as_ref().ok_or(WebError::NotFound)
+fn sso(state: &WebState) -> Result<&Sso, WebError> {
+    state.sso.as_deref().ok_or(WebError::NotFound)
 }
 
 /// The flow cookie: `SameSite=Lax`, as the provider's redirect back is a cross-site navigation
 /// (a `Strict` cookie would not come with it).
-fn flow_cookie(state: &AppState, value: &str, max_age: i64) -> HeaderValue {
+fn flow_cookie(state: &WebState, value: &str, max_age: i64) -> HeaderValue {
     let secure = if state.settings.issuer.starts_with("https://") {
         "; Secure"
     } else {
@@ -321,7 +321,7 @@ pub struct StartQuery {
 
 /// `GET /admin/sso/start`: sends the browser to the provider.
 pub async fn start(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     origin: Option<Extension<RequestOrigin>>,
     Query(q): Query<StartQuery>,
 ) -> Result<Response, WebError> {
@@ -411,7 +411,7 @@ fn claim_values(claims: &serde_json::Map<String, Value>, name: &str) -> Option<V
 
 /// `GET /admin/sso/callback`: the provider's answer.
 pub async fn callback(
-    State(state): State<AppState>,
+    State(state): State<WebState>,
     headers: HeaderMap,
     origin: Option<Extension<RequestOrigin>>,
     Query(q): Query<CallbackQuery>,
@@ -696,10 +696,10 @@ pub struct LoginOptions {
     pub password: bool,
 }
 
-pub fn login_options(state: &AppState) -> LoginOptions {
+pub fn login_options(state: &WebState) -> LoginOptions {
     LoginOptions {
         provider: state.sso.as_ref().map(|s| s.settings.provider_name.clone()),
-        password: state.settings.accounts.password_sign_in,
+        password: state.accounts.password_sign_in,
     }
 }
 

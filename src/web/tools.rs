@@ -8,10 +8,10 @@ use askama::Template;
 use axum::extract::State;
 use axum::response::Response;
 
+use super::WebState;
 use super::dashboard::{Broken, broken_groups};
 use super::error::WebError;
 use super::view::{Ctx, Nav, PageCtx, render};
-use crate::app::AppState;
 use crate::pool::ToolSource;
 
 pub struct GroupRow {
@@ -43,7 +43,7 @@ struct CatalogPage {
     broken: Vec<Broken>,
 }
 
-pub async fn index(State(state): State<AppState>, ctx: Ctx) -> Result<Response, WebError> {
+pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
     let snapshot = state.policy.load();
     let agents = snapshot.agents();
     let groups = snapshot

@@ -86,7 +86,7 @@ async fn keep_an_admin(conn: &mut sqlx::PgConnection, username: &str) -> Result<
 
 /// Disables (ending its sessions at once) or enables an account.
 pub async fn set_disabled(
-    state: &crate::app::AppState,
+    state: &crate::state::AppState,
     actor: &str,
     username: &str,
     disabled: bool,
@@ -105,14 +105,14 @@ pub async fn set_disabled(
 
 /// Host tokens of a disabled or deleted person must fail on their next request here, not
 /// only once NOTIFY has reached this instance.
-async fn refresh_hosts(state: &crate::app::AppState) {
+async fn refresh_hosts(state: &crate::state::AppState) {
     if let Err(e) = state.reload_policy().await {
         tracing::warn!(error = %e, "refreshing the policy snapshot failed; NOTIFY will catch up");
     }
 }
 
 pub async fn delete(
-    state: &crate::app::AppState,
+    state: &crate::state::AppState,
     actor: &str,
     username: &str,
 ) -> Result<(), ServiceError> {

@@ -590,7 +590,7 @@ async fn sso_flags_that_cannot_work_are_refused_at_start(pool: PgPool) {
             unreachable!()
         };
         assert!(
-            toolgate::app::Settings::from_args(&serve).is_err(),
+            toolgate::state::Settings::from_args(&serve).is_err(),
             "{args:?} was accepted"
         );
     }

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tower::ServiceExt;
 
-use toolgate::app::{AppState, Settings};
 use toolgate::config::{Cli, Command};
+use toolgate::state::{AppState, Settings};
 
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 
@@ -57,6 +57,7 @@ impl TestApp {
             unreachable!()
         };
         let settings = Settings::from_args(&serve).unwrap();
+        let surfaces = toolgate::app::Surfaces::from_args(&serve, &settings).unwrap();
         toolgate::oauth::ensure_signing_key(&pool).await.unwrap();
         if let Some(dir) = policies {
             let catalog = toolgate::pool::loader::load_pool(tools, None, &settings.loader);
@@ -67,7 +68,7 @@ impl TestApp {
         let state = AppState::new(settings, pool);
         state.reload_pool();
         state.reload_policy().await.unwrap();
-        let router = toolgate::app::router(state.clone());
+        let router = toolgate::app::router(state.clone(), surfaces);
         Self { state, router }
     }
 

@@ -508,7 +508,7 @@ fn a_redis_url_the_client_cannot_use_stops_serve_at_start() {
         else {
             unreachable!()
         };
-        let err = toolgate::app::Settings::from_args(&serve).unwrap_err();
+        let err = toolgate::state::Settings::from_args(&serve).unwrap_err();
         assert!(err.to_string().contains("--redis-url"), "{url}: {err}");
     }
     assert!(

@@ -387,7 +387,7 @@ async fn approval_on_one_instance_is_seen_on_another_and_the_change_is_recorded_
     calc(root.path(), "Doubles x.");
     let a = TestApp::with(pool.clone(), root.path(), None, &[]).await;
     let b = TestApp::with(pool.clone(), root.path(), None, &[]).await;
-    toolgate::app::spawn_policy_listener(b.state.clone());
+    toolgate::state::spawn_policy_listener(b.state.clone());
     let token = a.agent("tester", &["calc"]).await;
     let r = a
         .admin("PUT", "/api/v1/groups/calc/pin", Some(json!({"pin": true})))

@@ -361,7 +361,7 @@ async fn a_notification_re_reads_only_the_parts_it_names(pool: PgPool) {
 
     let a = TestApp::with(pool.clone(), &repo_path("tools"), None, &[]).await;
     let b = TestApp::with(pool.clone(), &repo_path("tools"), None, &[]).await;
-    toolgate::app::spawn_policy_listener(b.state.clone());
+    toolgate::state::spawn_policy_listener(b.state.clone());
     a.agent("x", &["weather"]).await;
     until(Duration::from_secs(5), "B sees the agent", || async {
         description(&b, "x").is_some()

@@ -335,8 +335,8 @@ async fn the_api_reports_tokens_against_the_pool_and_the_effective_mode(pool: Pg
 #[test]
 fn a_bad_embedding_table_stops_the_start_with_a_clear_error() {
     use clap::Parser;
-    use toolgate::app::Settings;
     use toolgate::config::{Cli, Command};
+    use toolgate::state::Settings;
 
     let dir = tempfile::tempdir().unwrap();
     let other = dir.path().join("model.gguf");

@@ -451,7 +451,7 @@ pub fn parse_document(client_id: &str, body: &[u8]) -> Result<ClientMetadata, Ci
         let u = u
             .as_str()
             .ok_or_else(|| bad("redirect_uris must be strings"))?;
-        super::authorize::check_registered_redirect(u).map_err(CimdError::Invalid)?;
+        super::redirect::check_registered_redirect(u).map_err(CimdError::Invalid)?;
         redirect_uris.push(u.to_owned());
     }
     Ok(ClientMetadata {
