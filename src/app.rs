@@ -415,7 +415,7 @@ impl AppState {
         let _one_at_a_time = self.policy_reload.lock().await;
         let t = std::time::Instant::now();
         if parts.intersects(Parts::ALL_STATE) {
-            let fresh = db::policy::load_parts(&self.db, parts).await?;
+            let fresh = db::snapshot::load_parts(&self.db, parts).await?;
             let loaded = t.elapsed();
             self.policy.merge_state(parts, fresh);
             tracing::debug!(
@@ -470,7 +470,7 @@ impl AppState {
     /// longer parses is logged and left out.
     async fn reconcile_upstreams(&self) -> sqlx::Result<()> {
         let mut conn = self.db.acquire().await?;
-        let rows = db::policy::upstreams(&mut conn).await?;
+        let rows = db::upstreams::upstreams(&mut conn).await?;
         drop(conn);
         let mut specs = std::collections::BTreeMap::new();
         for (name, spec) in rows {
@@ -641,7 +641,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut first_load = None;
     // Start-up stages are timed at `info`: what a large pool costs to start is read here.
     let started = std::time::Instant::now();
-    if db::policy::is_empty(&pool).await? && args.policies_dir.is_dir() {
+    if db::agents::is_empty(&pool).await? && args.policies_dir.is_dir() {
         let catalog = first_load.insert(load_pool(&settings.tools_dir, None, &settings.loader));
         tracing::info!(
             tools = catalog.len(),
@@ -712,7 +712,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let mut tick = tokio::time::interval(Duration::from_secs(600));
             loop {
                 tick.tick().await;
-                let _ = db::policy::prune_revocations(&state.db).await;
+                let _ = db::revocations::prune_revocations(&state.db).await;
                 let _ = db::authorizations::prune_codes(&state.db).await;
                 state.limits.shrink();
                 if let Err(e) =

@@ -81,6 +81,7 @@ const INSERT: &str = "INSERT INTO audit_events (at, chain, chain_seq, prev_hash,
 
 /// Bind parameters per row; Postgres allows 65535 per statement.
 const PARAMS_PER_ROW: usize = 29;
+
 /// The most rows [`insert_batch`] takes.
 pub const MAX_INSERT_ROWS: usize = 65535 / PARAMS_PER_ROW;
 
@@ -153,9 +154,7 @@ pub async fn append_many_in_tx(
         ensure_partition(conn, at).await?;
     }
     // One writer of this chain at a time; held until the caller commits.
-    sqlx::query("SELECT pg_advisory_xact_lock(7470113)")
-        .execute(&mut *conn)
-        .await?;
+    super::locks::hold(conn, super::locks::Lock::ControlPlaneChain).await?;
     let last: Option<(i64, String)> = sqlx::query_as(
         "SELECT chain_seq, hash FROM audit_events WHERE chain = $1 ORDER BY chain_seq DESC LIMIT 1",
     )
@@ -437,58 +436,6 @@ pub async fn expectations(conn: &mut PgConnection) -> sqlx::Result<Expectations>
     Ok(Expectations { heads, retired })
 }
 
-/// Stores a signed checkpoint.
-pub async fn insert_checkpoint(pool: &PgPool, c: &SignedCheckpoint) -> sqlx::Result<i64> {
-    sqlx::query_scalar(
-        "INSERT INTO audit_checkpoints (at, key_id, body, signature) VALUES ($1, $2, $3, $4) RETURNING id",
-    )
-    .bind(c.at)
-    .bind(&c.key_id)
-    .bind(&c.body)
-    .bind(&c.signature)
-    .fetch_one(pool)
-    .await
-}
-
-/// Calls `each` on every stored checkpoint with an id above `after`, oldest first, one row
-/// in memory at a time (a serving instance signs one every few seconds while rows arrive).
-pub async fn each_checkpoint<E: From<sqlx::Error>>(
-    conn: &mut PgConnection,
-    after: Option<i64>,
-    mut each: impl FnMut(SignedCheckpoint) -> Result<(), E>,
-) -> Result<(), E> {
-    let mut rows = sqlx::query_as::<_, (i64, DateTime<Utc>, String, String, String)>(
-        "SELECT id, at, key_id, body, signature FROM audit_checkpoints WHERE id > $1 ORDER BY id",
-    )
-    .bind(after.unwrap_or(0))
-    .fetch(&mut *conn);
-    while let Some(row) = rows.next().await {
-        let (id, at, key_id, body, signature) = row?;
-        each(SignedCheckpoint {
-            id: Some(id),
-            at,
-            key_id,
-            body,
-            signature,
-        })?;
-    }
-    Ok(())
-}
-
-/// The stored checkpoints a verifier needs (see [`Needed`]): per key and chain, the one
-/// that signed the chain furthest.
-///
-/// [`Needed`]: crate::audit::checkpoint::Needed
-pub async fn needed_checkpoints(conn: &mut PgConnection) -> sqlx::Result<Vec<SignedCheckpoint>> {
-    let mut needed = crate::audit::checkpoint::Needed::default();
-    each_checkpoint::<sqlx::Error>(conn, None, |c| {
-        needed.offer(c);
-        Ok(())
-    })
-    .await?;
-    Ok(needed.into_vec())
-}
-
 /// An export or a verification pass: first what must exist (read in the same snapshot as
 /// the rows), then the rows in chain order.
 // Rows are the many items; boxing them would allocate once per row for no gain.
@@ -512,7 +459,7 @@ pub fn snapshot(
                 .execute(&mut *conn)
                 .await?;
             let expect = expectations(&mut conn).await?;
-            let checkpoints = needed_checkpoints(&mut conn).await?;
+            let checkpoints = super::checkpoints::needed_checkpoints(&mut conn).await?;
             if tx
                 .send(Ok(Snapshot::Expect(Box::new((expect, checkpoints)))))
                 .await

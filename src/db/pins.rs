@@ -10,7 +10,6 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool, Row};
 
-use super::record_change;
 use crate::audit::{AuditEvent, EventKind, Outcome};
 use crate::policy::snapshot::PinState;
 use crate::pool::{Catalog, Tool, ToolSource};
@@ -33,10 +32,7 @@ const PINNED_GROUPS: &str = "SELECT name FROM tool_groups WHERE pin
 /// Serialises recording changes with approving them, across instances: a check that finds no
 /// approval must not race an approval being written.
 async fn lock(conn: &mut PgConnection) -> sqlx::Result<()> {
-    sqlx::query("SELECT pg_advisory_xact_lock(7470114)")
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+    super::locks::hold(conn, super::locks::Lock::Pins).await
 }
 
 pub async fn pinned_groups(conn: &mut PgConnection) -> sqlx::Result<BTreeSet<String>> {
@@ -526,36 +522,4 @@ pub async fn decide(
         previous_hash: previous,
         by: actor.to_owned(),
     }))
-}
-
-/// Sets what `groups.yaml` would say of a group's pin (`None`: nothing, so the default holds),
-/// creating the group's metadata row if it has none.
-pub async fn set_pin(
-    conn: &mut PgConnection,
-    actor: &str,
-    group: &str,
-    pin: Option<bool>,
-) -> sqlx::Result<()> {
-    let before: Option<Option<bool>> =
-        sqlx::query_scalar("SELECT pin FROM tool_groups WHERE name = $1")
-            .bind(group)
-            .fetch_optional(&mut *conn)
-            .await?;
-    sqlx::query(
-        "INSERT INTO tool_groups (name, pin) VALUES ($1, $2)
-         ON CONFLICT (name) DO UPDATE SET pin = EXCLUDED.pin, updated_at = now()",
-    )
-    .bind(group)
-    .bind(pin)
-    .execute(&mut *conn)
-    .await?;
-    record_change(
-        conn,
-        actor,
-        "group.pin",
-        &format!("group:{group}"),
-        before.map(|p| json!({"pin": p})),
-        Some(json!({"pin": pin})),
-    )
-    .await
 }

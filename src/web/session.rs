@@ -224,7 +224,7 @@ pub async fn require_session(State(state): State<AppState>, req: Request, next: 
     let hash = cookie(req.headers(), SESSION_COOKIE).map(sha256_hex);
     let record = match &hash {
         Some(h) => {
-            match db::admin::session(&state.db, h, state.settings.accounts.session_idle).await {
+            match db::sessions::session(&state.db, h, state.settings.accounts.session_idle).await {
                 Ok(r) => r,
                 Err(e) => return WebError::from(e).into_response(),
             }

@@ -1,4 +1,5 @@
-//! Admin UI accounts and sessions.
+//! Admin UI sessions: created at sign-in, checked on each request, ended by their person or
+//! an admin.
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
@@ -7,17 +8,6 @@ use uuid::Uuid;
 
 use super::record_change;
 
-/// An account as the sign-in check needs it.
-#[derive(Debug, Clone)]
-pub struct AdminUserRecord {
-    pub id: Uuid,
-    pub username: String,
-    /// `None` for an account that signs in through an OpenID Provider.
-    pub password_hash: Option<String>,
-    pub role: String,
-    pub disabled: bool,
-}
-
 /// The signed-in user behind a live session.
 #[derive(Debug, Clone)]
 pub struct SessionRecord {
@@ -25,56 +15,6 @@ pub struct SessionRecord {
     pub role: String,
     pub csrf_token: String,
     pub expires_at: DateTime<Utc>,
-}
-
-/// Creates an account; `false` if the username is taken.
-pub async fn create_user(
-    conn: &mut PgConnection,
-    actor: &str,
-    username: &str,
-    password_hash: &str,
-    role: &str,
-) -> sqlx::Result<bool> {
-    let inserted = sqlx::query(
-        "INSERT INTO admin_users (id, username, password_hash, role) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (username) DO NOTHING",
-    )
-    .bind(Uuid::now_v7())
-    .bind(username)
-    .bind(password_hash)
-    .bind(role)
-    .execute(&mut *conn)
-    .await?;
-    if inserted.rows_affected() == 0 {
-        return Ok(false);
-    }
-    record_change(
-        conn,
-        actor,
-        "admin_user.create",
-        &format!("admin_user:{username}"),
-        None,
-        Some(json!({"username": username, "role": role})),
-    )
-    .await?;
-    Ok(true)
-}
-
-pub async fn find_user(pool: &PgPool, username: &str) -> sqlx::Result<Option<AdminUserRecord>> {
-    Ok(sqlx::query(
-        "SELECT id, username, password_hash, role, disabled_at IS NOT NULL
-             FROM admin_users WHERE username = $1",
-    )
-    .bind(username)
-    .fetch_optional(pool)
-    .await?
-    .map(|r| AdminUserRecord {
-        id: r.get(0),
-        username: r.get(1),
-        password_hash: r.get(2),
-        role: r.get(3),
-        disabled: r.get(4),
-    }))
 }
 
 /// Stores a new session under the sha256 of its id, and drops expired ones while at it.
@@ -167,4 +107,114 @@ pub async fn session_id(pool: &PgPool, token_sha256: &str) -> sqlx::Result<Optio
         .bind(token_sha256)
         .fetch_optional(pool)
         .await
+}
+
+/// A session as an admin sees it in the account pages.
+#[derive(Debug, Clone)]
+pub struct SessionInfo {
+    pub id: Uuid,
+    pub created_at: DateTime<Utc>,
+    pub last_seen_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub remote_addr: Option<String>,
+    pub user_agent: Option<String>,
+}
+
+/// The account's live sessions, newest first.
+pub async fn sessions_of(pool: &PgPool, username: &str) -> sqlx::Result<Vec<SessionInfo>> {
+    Ok(sqlx::query(
+        "SELECT s.id, s.created_at, s.last_seen_at, s.expires_at, s.remote_addr, s.user_agent
+         FROM admin_sessions s JOIN admin_users u ON u.id = s.user_id
+         WHERE u.username = $1 AND s.expires_at > now()
+         ORDER BY s.created_at DESC",
+    )
+    .bind(username)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|r| SessionInfo {
+        id: r.get(0),
+        created_at: r.get(1),
+        last_seen_at: r.get(2),
+        expires_at: r.get(3),
+        remote_addr: r.get(4),
+        user_agent: r.get(5),
+    })
+    .collect())
+}
+
+pub(super) async fn delete_sessions_of(
+    conn: &mut PgConnection,
+    user_id: Uuid,
+) -> sqlx::Result<u64> {
+    Ok(sqlx::query("DELETE FROM admin_sessions WHERE user_id = $1")
+        .bind(user_id)
+        .execute(conn)
+        .await?
+        .rows_affected())
+}
+
+/// Ends one session of `username` (`Some(id)`) or all of them; how many ended, `None` if the
+/// account is unknown.
+pub async fn end_sessions(
+    conn: &mut PgConnection,
+    actor: &str,
+    username: &str,
+    session: Option<Uuid>,
+) -> sqlx::Result<Option<u64>> {
+    let user: Option<Uuid> = sqlx::query_scalar("SELECT id FROM admin_users WHERE username = $1")
+        .bind(username)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(user) = user else { return Ok(None) };
+    let ended = sqlx::query(
+        "DELETE FROM admin_sessions WHERE user_id = $1 AND ($2::uuid IS NULL OR id = $2)",
+    )
+    .bind(user)
+    .bind(session)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    record_change(
+        conn,
+        actor,
+        "admin_session.end",
+        &format!("admin_user:{username}"),
+        None,
+        Some(json!({"session": session, "ended": ended})),
+    )
+    .await?;
+    Ok(Some(ended))
+}
+
+/// Ends the sessions of the federated account of `issuer` + `subject`, if there is one: the
+/// provider no longer maps it to a role. How many ended.
+pub async fn end_federated_sessions(
+    conn: &mut PgConnection,
+    issuer: &str,
+    subject: &str,
+) -> sqlx::Result<u64> {
+    let user: Option<(Uuid, String)> = sqlx::query_as(
+        "SELECT id, username FROM admin_users WHERE oidc_issuer = $1 AND oidc_subject = $2",
+    )
+    .bind(issuer)
+    .bind(subject)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((id, username)) = user else {
+        return Ok(0);
+    };
+    let ended = delete_sessions_of(conn, id).await?;
+    if ended > 0 {
+        record_change(
+            conn,
+            &format!("sso:{issuer}"),
+            "admin_session.end",
+            &format!("admin_user:{username}"),
+            None,
+            Some(json!({"ended": ended, "reason": "the provider's claims map to no role"})),
+        )
+        .await?;
+    }
+    Ok(ended)
 }
