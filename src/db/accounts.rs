@@ -6,7 +6,7 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::record_change;
@@ -28,53 +28,43 @@ pub struct Account {
     pub sessions: i64,
 }
 
-const ACCOUNT_COLUMNS: &str = "u.id, u.username, u.role, u.disabled_at IS NOT NULL, u.oidc_issuer,
-    u.password_hash IS NOT NULL, u.created_at, u.last_sign_in_at,
-    (SELECT count(*) FROM admin_sessions s WHERE s.user_id = u.id AND s.expires_at > now())";
-
-fn account(r: &sqlx::postgres::PgRow) -> Account {
-    Account {
-        id: r.get(0),
-        username: r.get(1),
-        role: r.get(2),
-        disabled: r.get(3),
-        oidc_issuer: r.get(4),
-        has_password: r.get(5),
-        created_at: r.get(6),
-        last_sign_in_at: r.get(7),
-        sessions: r.get(8),
-    }
+/// `SELECT`s [`Account`]s, the rest of the query (`$rest`: a string literal) saying which. A
+/// macro, so that the one list of columns is checked in each query: the query macros take
+/// only string literals, joined by `+`.
+macro_rules! select_accounts {
+    ($rest:literal $(, $arg:expr)*) => {
+        sqlx::query_as!(
+            Account,
+            r#"SELECT u.id, u.username, u.role, u.disabled_at IS NOT NULL AS "disabled!",
+                   u.oidc_issuer, u.password_hash IS NOT NULL AS "has_password!", u.created_at,
+                   u.last_sign_in_at,
+                   (SELECT count(*) FROM admin_sessions s
+                    WHERE s.user_id = u.id AND s.expires_at > now()) AS "sessions!"
+               FROM admin_users u "# + $rest
+            $(, $arg)*
+        )
+    };
 }
 
 /// Every account, by username.
 pub async fn list(pool: &PgPool) -> sqlx::Result<Vec<Account>> {
-    Ok(sqlx::query(&format!(
-        "SELECT {ACCOUNT_COLUMNS} FROM admin_users u ORDER BY u.username"
-    ))
-    .fetch_all(pool)
-    .await?
-    .iter()
-    .map(account)
-    .collect())
+    select_accounts!("ORDER BY u.username")
+        .fetch_all(pool)
+        .await
 }
 
 pub async fn get(conn: &mut PgConnection, username: &str) -> sqlx::Result<Option<Account>> {
-    Ok(sqlx::query(&format!(
-        "SELECT {ACCOUNT_COLUMNS} FROM admin_users u WHERE u.username = $1"
-    ))
-    .bind(username)
-    .fetch_optional(conn)
-    .await?
-    .as_ref()
-    .map(account))
+    select_accounts!("WHERE u.username = $1", username)
+        .fetch_optional(conn)
+        .await
 }
 
 /// Locks the rows of every enabled admin for the rest of the transaction and returns their
 /// usernames, so two concurrent changes cannot both remove "the other" last admin.
 pub async fn lock_enabled_admins(conn: &mut PgConnection) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "SELECT username FROM admin_users WHERE role = 'admin' AND disabled_at IS NULL
-         ORDER BY id FOR UPDATE",
+         ORDER BY id FOR UPDATE"
     )
     .fetch_all(conn)
     .await
@@ -88,14 +78,14 @@ pub async fn set_disabled(
     username: &str,
     disabled: bool,
 ) -> sqlx::Result<bool> {
-    let id: Option<Uuid> = sqlx::query_scalar(
+    let id: Option<Uuid> = sqlx::query_scalar!(
         "UPDATE admin_users
          SET disabled_at = CASE WHEN $2 THEN COALESCE(disabled_at, now()) ELSE NULL END,
              updated_at = now()
          WHERE username = $1 RETURNING id",
+        username,
+        disabled,
     )
-    .bind(username)
-    .bind(disabled)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(id) = id else { return Ok(false) };
@@ -131,13 +121,13 @@ pub async fn set_role(
     username: &str,
     role: &str,
 ) -> sqlx::Result<Option<String>> {
-    let before: Option<String> = sqlx::query_scalar(
+    let before: Option<String> = sqlx::query_scalar!(
         "UPDATE admin_users u SET role = $2, updated_at = now()
          FROM (SELECT id, role FROM admin_users WHERE username = $1 FOR UPDATE) old
          WHERE u.id = old.id RETURNING old.role",
+        username,
+        role,
     )
-    .bind(username)
-    .bind(role)
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(before) = &before {
@@ -157,11 +147,12 @@ pub async fn set_role(
 /// Deletes an account (its sessions and reset links go with it, its host authorizations are
 /// revoked); `false` if unknown.
 pub async fn delete(conn: &mut PgConnection, actor: &str, username: &str) -> sqlx::Result<bool> {
-    let role: Option<String> =
-        sqlx::query_scalar("DELETE FROM admin_users WHERE username = $1 RETURNING role")
-            .bind(username)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let role: Option<String> = sqlx::query_scalar!(
+        "DELETE FROM admin_users WHERE username = $1 RETURNING role",
+        username,
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
     let Some(role) = role else { return Ok(false) };
     super::authorizations::revoke_all_of(conn, actor, username, "the account is deleted").await?;
     record_change(
@@ -195,14 +186,14 @@ pub async fn create_user(
     password_hash: &str,
     role: &str,
 ) -> sqlx::Result<bool> {
-    let inserted = sqlx::query(
+    let inserted = sqlx::query!(
         "INSERT INTO admin_users (id, username, password_hash, role) VALUES ($1, $2, $3, $4)
          ON CONFLICT (username) DO NOTHING",
+        Uuid::now_v7(),
+        username,
+        password_hash,
+        role,
     )
-    .bind(Uuid::now_v7())
-    .bind(username)
-    .bind(password_hash)
-    .bind(role)
     .execute(&mut *conn)
     .await?;
     if inserted.rows_affected() == 0 {
@@ -221,20 +212,14 @@ pub async fn create_user(
 }
 
 pub async fn find_user(pool: &PgPool, username: &str) -> sqlx::Result<Option<AdminUserRecord>> {
-    Ok(sqlx::query(
-        "SELECT id, username, password_hash, role, disabled_at IS NOT NULL
-             FROM admin_users WHERE username = $1",
+    sqlx::query_as!(
+        AdminUserRecord,
+        r#"SELECT id, username, password_hash, role, disabled_at IS NOT NULL AS "disabled!"
+           FROM admin_users WHERE username = $1"#,
+        username,
     )
-    .bind(username)
     .fetch_optional(pool)
-    .await?
-    .map(|r| AdminUserRecord {
-        id: r.get(0),
-        username: r.get(1),
-        password_hash: r.get(2),
-        role: r.get(3),
-        disabled: r.get(4),
-    }))
+    .await
 }
 
 /// What a federated sign-in found or made.
@@ -257,24 +242,27 @@ pub async fn sign_in_federated(
     role: &str,
 ) -> sqlx::Result<Federated> {
     let actor = format!("sso:{issuer}");
-    let found: Option<(Uuid, String, String, bool)> = sqlx::query_as(
-        "SELECT id, username, role, disabled_at IS NOT NULL FROM admin_users
-         WHERE oidc_issuer = $1 AND oidc_subject = $2 FOR UPDATE",
+    let found = sqlx::query!(
+        r#"SELECT id, username, role, disabled_at IS NOT NULL AS "disabled!" FROM admin_users
+           WHERE oidc_issuer = $1 AND oidc_subject = $2 FOR UPDATE"#,
+        issuer,
+        subject,
     )
-    .bind(issuer)
-    .bind(subject)
     .fetch_optional(&mut *conn)
     .await?;
-    if let Some((id, username, old_role, disabled)) = found {
-        if disabled {
+    if let Some(found) = found {
+        let (id, username, old_role) = (found.id, found.username, found.role);
+        if found.disabled {
             return Ok(Federated::Disabled { username });
         }
         if old_role != role {
-            sqlx::query("UPDATE admin_users SET role = $2, updated_at = now() WHERE id = $1")
-                .bind(id)
-                .bind(role)
-                .execute(&mut *conn)
-                .await?;
+            sqlx::query!(
+                "UPDATE admin_users SET role = $2, updated_at = now() WHERE id = $1",
+                id,
+                role,
+            )
+            .execute(&mut *conn)
+            .await?;
             record_change(
                 conn,
                 &actor,
@@ -290,16 +278,16 @@ pub async fn sign_in_federated(
     }
     for username in candidates {
         let id = Uuid::now_v7();
-        let inserted = sqlx::query(
+        let inserted = sqlx::query!(
             "INSERT INTO admin_users (id, username, password_hash, role, oidc_issuer, oidc_subject, last_sign_in_at)
              VALUES ($1, $2, NULL, $3, $4, $5, now())
              ON CONFLICT (username) DO NOTHING",
+            id,
+            username,
+            role,
+            issuer,
+            subject,
         )
-        .bind(id)
-        .bind(username)
-        .bind(role)
-        .bind(issuer)
-        .bind(subject)
         .execute(&mut *conn)
         .await?;
         if inserted.rows_affected() == 1 {
@@ -325,9 +313,11 @@ pub async fn sign_in_federated(
 
 /// Records the time of a successful sign-in.
 pub async fn touch_sign_in(conn: &mut PgConnection, user_id: Uuid) -> sqlx::Result<()> {
-    sqlx::query("UPDATE admin_users SET last_sign_in_at = now() WHERE id = $1")
-        .bind(user_id)
-        .execute(conn)
-        .await?;
+    sqlx::query!(
+        "UPDATE admin_users SET last_sign_in_at = now() WHERE id = $1",
+        user_id,
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use serde_json::json;
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::authorizations::revoke;
@@ -12,11 +12,11 @@ use super::record_change;
 /// Usernames allowed to act as each agent, by agent id.
 pub async fn agent_users(conn: &mut PgConnection) -> sqlx::Result<HashMap<Uuid, Vec<String>>> {
     let mut out: HashMap<Uuid, Vec<String>> = HashMap::new();
-    for r in sqlx::query("SELECT agent_id, username FROM agent_users ORDER BY username")
+    for r in sqlx::query!("SELECT agent_id, username FROM agent_users ORDER BY username")
         .fetch_all(&mut *conn)
         .await?
     {
-        out.entry(r.get(0)).or_default().push(r.get(1));
+        out.entry(r.agent_id).or_default().push(r.username);
     }
     Ok(out)
 }
@@ -31,11 +31,11 @@ pub async fn add_agent_user(
     let Some(agent_id) = super::agents::agent_id(conn, agent).await? else {
         return Ok(false);
     };
-    let inserted = sqlx::query(
+    let inserted = sqlx::query!(
         "INSERT INTO agent_users (agent_id, username) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        agent_id,
+        username,
     )
-    .bind(agent_id)
-    .bind(username)
     .execute(&mut *conn)
     .await?;
     if inserted.rows_affected() > 0 {
@@ -63,11 +63,13 @@ pub async fn remove_agent_user(
     let Some(agent_id) = super::agents::agent_id(conn, agent).await? else {
         return Ok(false);
     };
-    let gone = sqlx::query("DELETE FROM agent_users WHERE agent_id = $1 AND username = $2")
-        .bind(agent_id)
-        .bind(username)
-        .execute(&mut *conn)
-        .await?;
+    let gone = sqlx::query!(
+        "DELETE FROM agent_users WHERE agent_id = $1 AND username = $2",
+        agent_id,
+        username,
+    )
+    .execute(&mut *conn)
+    .await?;
     if gone.rows_affected() == 0 {
         return Ok(false);
     }
@@ -80,11 +82,11 @@ pub async fn remove_agent_user(
         None,
     )
     .await?;
-    let ids: Vec<Uuid> = sqlx::query_scalar(
+    let ids: Vec<Uuid> = sqlx::query_scalar!(
         "SELECT id FROM oauth_authorizations WHERE agent_id = $1 AND username = $2 AND revoked_at IS NULL",
+        agent_id,
+        username,
     )
-    .bind(agent_id)
-    .bind(username)
     .fetch_all(&mut *conn)
     .await?;
     for id in ids {
@@ -110,11 +112,12 @@ pub async fn set_agent_users(
     let Some(agent_id) = super::agents::agent_id(conn, agent).await? else {
         return Ok(());
     };
-    let current: Vec<String> =
-        sqlx::query_scalar("SELECT username FROM agent_users WHERE agent_id = $1")
-            .bind(agent_id)
-            .fetch_all(&mut *conn)
-            .await?;
+    let current: Vec<String> = sqlx::query_scalar!(
+        "SELECT username FROM agent_users WHERE agent_id = $1",
+        agent_id,
+    )
+    .fetch_all(&mut *conn)
+    .await?;
     for u in current.iter().filter(|u| !users.contains(u)) {
         remove_agent_user(conn, actor, agent, u).await?;
     }

@@ -1,7 +1,7 @@
 //! Agents: their settings, and their creation in bulk (with grants) for `policy apply`.
 
 use serde_json::{Value, json};
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::record_change;
@@ -17,8 +17,7 @@ pub struct AgentSettings {
 }
 
 pub async fn agent_id(conn: &mut PgConnection, name: &str) -> sqlx::Result<Option<Uuid>> {
-    sqlx::query_scalar("SELECT id FROM agents WHERE name = $1")
-        .bind(name)
+    sqlx::query_scalar!("SELECT id FROM agents WHERE name = $1", name)
         .fetch_optional(&mut *conn)
         .await
 }
@@ -30,13 +29,15 @@ pub async fn create_agent(
     s: &AgentSettings,
 ) -> sqlx::Result<Uuid> {
     let id = Uuid::now_v7();
-    sqlx::query("INSERT INTO agents (id, name, description, notes, discovery, pinned) VALUES ($1, $2, $3, $4, $5, $6)")
-        .bind(id)
-        .bind(name)
-        .bind(&s.description)
-        .bind(&s.notes)
-        .bind(s.discovery.as_str())
-        .bind(&s.pinned)
+    sqlx::query!(
+        "INSERT INTO agents (id, name, description, notes, discovery, pinned) VALUES ($1, $2, $3, $4, $5, $6)",
+        id,
+        name,
+        &s.description,
+        &s.notes,
+        s.discovery.as_str(),
+        &s.pinned,
+    )
         .execute(&mut *conn)
         .await?;
     record_change(
@@ -58,12 +59,14 @@ pub async fn update_agent(
     before: &AgentSettings,
     s: &AgentSettings,
 ) -> sqlx::Result<()> {
-    sqlx::query("UPDATE agents SET description = $2, notes = $3, discovery = $4, pinned = $5, updated_at = now() WHERE name = $1")
-        .bind(name)
-        .bind(&s.description)
-        .bind(&s.notes)
-        .bind(s.discovery.as_str())
-        .bind(&s.pinned)
+    sqlx::query!(
+        "UPDATE agents SET description = $2, notes = $3, discovery = $4, pinned = $5, updated_at = now() WHERE name = $1",
+        name,
+        &s.description,
+        &s.notes,
+        s.discovery.as_str(),
+        &s.pinned,
+    )
         .execute(&mut *conn)
         .await?;
     record_change(
@@ -79,8 +82,7 @@ pub async fn update_agent(
 
 /// Deletes an agent with its grants, limits and clients. Returns whether it existed.
 pub async fn delete_agent(conn: &mut PgConnection, actor: &str, name: &str) -> sqlx::Result<bool> {
-    let gone = sqlx::query("DELETE FROM agents WHERE name = $1")
-        .bind(name)
+    let gone = sqlx::query!("DELETE FROM agents WHERE name = $1", name)
         .execute(&mut *conn)
         .await?;
     if gone.rows_affected() > 0 {
@@ -151,19 +153,21 @@ pub async fn create_many(
             }
         }
     }
+    // The macros check an array argument as `&[String]`; the casts say `&[&str]` (also
+    // `text[]`), so that no name is copied to be sent.
     if !a_ids.is_empty() {
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO agents (id, name, description, notes, discovery, pinned)
              SELECT id, name, d, n, disc, ARRAY(SELECT jsonb_array_elements_text(p::jsonb))
              FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
                  AS u(id, name, d, n, disc, p)",
+            &a_ids,
+            &names as &[&str],
+            &descriptions as &[&str],
+            &notes as &[&str],
+            &discovery as &[&str],
+            &pinned,
         )
-        .bind(&a_ids)
-        .bind(&names)
-        .bind(&descriptions)
-        .bind(&notes)
-        .bind(&discovery)
-        .bind(&pinned)
         .execute(&mut *conn)
         .await?;
     }
@@ -172,18 +176,18 @@ pub async fn create_many(
     let inserted: std::collections::HashSet<Uuid> = if g_ids.is_empty() {
         Default::default()
     } else {
-        sqlx::query_scalar(
+        sqlx::query_scalar!(
             "INSERT INTO agent_grants (id, agent_id, target, created_by)
              SELECT u.id, a.id, u.target, $4
              FROM UNNEST($1::uuid[], $2::text[], $3::text[]) AS u(id, agent, target)
              JOIN agents a ON a.name = u.agent
              ON CONFLICT (agent_id, target) DO NOTHING
              RETURNING id",
+            &g_ids,
+            &g_agents as &[&str],
+            &g_targets as &[&str],
+            actor,
         )
-        .bind(&g_ids)
-        .bind(&g_agents)
-        .bind(&g_targets)
-        .bind(actor)
         .fetch_all(&mut *conn)
         .await?
         .into_iter()
@@ -216,7 +220,7 @@ pub async fn create_many(
 
 /// Whether any agent exists (first start applies the policies folder into an empty database).
 pub async fn is_empty(pool: &PgPool) -> sqlx::Result<bool> {
-    sqlx::query_scalar("SELECT NOT EXISTS (SELECT 1 FROM agents)")
+    sqlx::query_scalar!(r#"SELECT NOT EXISTS (SELECT 1 FROM agents) AS "empty!""#)
         .fetch_one(pool)
         .await
 }
@@ -227,22 +231,22 @@ pub(super) async fn records(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRe
     let mut limits = super::limits::by_agent(&mut *conn).await?;
     let mut arguments = super::arguments::by_agent(&mut *conn).await?;
     let mut users = super::agent_users::agent_users(&mut *conn).await?;
-    let rows = sqlx::query(
-        "SELECT id, name, description, notes, discovery, pinned FROM agents ORDER BY name",
+    let rows = sqlx::query!(
+        "SELECT id, name, description, notes, discovery, pinned FROM agents ORDER BY name"
     )
     .fetch_all(&mut *conn)
     .await?;
     Ok(rows
         .into_iter()
         .map(|r| {
-            let id: Uuid = r.get(0);
+            let id = r.id;
             AgentRecord {
                 id,
-                name: r.get(1),
-                description: r.get(2),
-                notes: r.get(3),
-                discovery: Discovery::parse(r.get::<&str, _>(4)).unwrap_or_default(),
-                pinned: r.get(5),
+                name: r.name,
+                description: r.description,
+                notes: r.notes,
+                discovery: Discovery::parse(&r.discovery).unwrap_or_default(),
+                pinned: r.pinned,
                 grants: grants.remove(&id).unwrap_or_default(),
                 limits: limits.remove(&id).unwrap_or_default(),
                 arguments: arguments.remove(&id).unwrap_or_default(),

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use serde_json::{Value, json};
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::record_change;
@@ -18,27 +18,27 @@ pub async fn set_argument_rules(
     rules: &ArgumentRules,
 ) -> sqlx::Result<bool> {
     let params = json!(rules.params);
-    let before: Option<Option<Value>> = sqlx::query_scalar(
+    let before: Option<Option<Value>> = sqlx::query_scalar!(
         "SELECT (SELECT r.params FROM agent_argument_rules r WHERE r.agent_id = a.id AND r.target = $2)
          FROM agents a WHERE a.name = $1",
+        agent,
+        &rules.target,
     )
-    .bind(agent)
-    .bind(&rules.target)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(before) = before else {
         return Ok(false);
     };
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO agent_argument_rules (agent_id, target, params, created_by)
          SELECT id, $2, $3, $4 FROM agents WHERE name = $1
          ON CONFLICT (agent_id, target) DO UPDATE
              SET params = EXCLUDED.params, created_by = EXCLUDED.created_by, updated_at = now()",
+        agent,
+        &rules.target,
+        &params,
+        actor,
     )
-    .bind(agent)
-    .bind(&rules.target)
-    .bind(&params)
-    .bind(actor)
     .execute(&mut *conn)
     .await?;
     record_change(
@@ -60,12 +60,12 @@ pub async fn delete_argument_rules(
     agent: &str,
     target: &str,
 ) -> sqlx::Result<bool> {
-    let gone: Option<Value> = sqlx::query_scalar(
+    let gone: Option<Value> = sqlx::query_scalar!(
         "DELETE FROM agent_argument_rules r USING agents a
          WHERE r.agent_id = a.id AND a.name = $1 AND r.target = $2 RETURNING r.params",
+        agent,
+        target,
     )
-    .bind(agent)
-    .bind(target)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(before) = gone else {
@@ -89,19 +89,22 @@ pub(super) async fn by_agent(
 ) -> sqlx::Result<HashMap<Uuid, Vec<ArgumentRules>>> {
     let mut arguments: HashMap<Uuid, Vec<ArgumentRules>> = HashMap::new();
     for r in
-        sqlx::query("SELECT agent_id, target, params FROM agent_argument_rules ORDER BY target")
+        sqlx::query!("SELECT agent_id, target, params FROM agent_argument_rules ORDER BY target")
             .fetch_all(&mut *conn)
             .await?
     {
-        let params: Value = r.get(2);
+        let params: Value = r.params;
         // Checked when written; a row that does not parse is a corrupt database, reported as
         // such rather than served without its rules.
         let params = crate::policy::arguments::parse_params(&params)
             .map_err(|e| sqlx::Error::Decode(format!("agent_argument_rules row: {e}").into()))?;
-        arguments.entry(r.get(0)).or_default().push(ArgumentRules {
-            target: r.get(1),
-            params,
-        });
+        arguments
+            .entry(r.agent_id)
+            .or_default()
+            .push(ArgumentRules {
+                target: r.target,
+                params,
+            });
     }
     Ok(arguments)
 }

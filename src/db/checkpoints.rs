@@ -1,6 +1,5 @@
 //! Signed checkpoints of the audit chains.
 
-use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use sqlx::{PgConnection, PgPool};
 
@@ -8,13 +7,13 @@ use crate::audit::checkpoint::SignedCheckpoint;
 
 /// Stores a signed checkpoint.
 pub async fn insert_checkpoint(pool: &PgPool, c: &SignedCheckpoint) -> sqlx::Result<i64> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "INSERT INTO audit_checkpoints (at, key_id, body, signature) VALUES ($1, $2, $3, $4) RETURNING id",
+        c.at,
+        &c.key_id,
+        &c.body,
+        &c.signature,
     )
-    .bind(c.at)
-    .bind(&c.key_id)
-    .bind(&c.body)
-    .bind(&c.signature)
     .fetch_one(pool)
     .await
 }
@@ -26,19 +25,19 @@ pub async fn each_checkpoint<E: From<sqlx::Error>>(
     after: Option<i64>,
     mut each: impl FnMut(SignedCheckpoint) -> Result<(), E>,
 ) -> Result<(), E> {
-    let mut rows = sqlx::query_as::<_, (i64, DateTime<Utc>, String, String, String)>(
+    let mut rows = sqlx::query!(
         "SELECT id, at, key_id, body, signature FROM audit_checkpoints WHERE id > $1 ORDER BY id",
+        after.unwrap_or(0),
     )
-    .bind(after.unwrap_or(0))
     .fetch(&mut *conn);
     while let Some(row) = rows.next().await {
-        let (id, at, key_id, body, signature) = row?;
+        let r = row?;
         each(SignedCheckpoint {
-            id: Some(id),
-            at,
-            key_id,
-            body,
-            signature,
+            id: Some(r.id),
+            at: r.at,
+            key_id: r.key_id,
+            body: r.body,
+            signature: r.signature,
         })?;
     }
     Ok(())

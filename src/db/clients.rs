@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 
 use super::record_change;
 use crate::policy::snapshot::ClientRecord;
@@ -17,13 +17,14 @@ pub struct ClientCredentials {
 }
 
 pub async fn client(pool: &PgPool, client_id: &str) -> sqlx::Result<Option<ClientCredentials>> {
-    Ok(sqlx::query(
-        "SELECT c.client_id, a.name, c.secret_hash, c.jwks FROM oauth_clients c JOIN agents a ON a.id = c.agent_id WHERE c.client_id = $1",
+    sqlx::query_as!(
+        ClientCredentials,
+        "SELECT c.client_id, a.name AS agent, c.secret_hash, c.jwks
+         FROM oauth_clients c JOIN agents a ON a.id = c.agent_id WHERE c.client_id = $1",
+        client_id,
     )
-    .bind(client_id)
     .fetch_optional(pool)
-    .await?
-    .map(|r| ClientCredentials { client_id: r.get(0), agent: r.get(1), secret_hash: r.get(2), jwks: r.get(3) }))
+    .await
 }
 
 /// A client as listed to admins (never its secret).
@@ -37,24 +38,31 @@ pub struct ClientSummary {
 }
 
 pub async fn clients(pool: &PgPool, agent: Option<&str>) -> sqlx::Result<Vec<ClientSummary>> {
-    Ok(sqlx::query(
-        "SELECT c.client_id, a.name, c.description, c.secret_hash IS NOT NULL, c.jwks IS NOT NULL, c.created_at
+    Ok(sqlx::query!(
+        r#"SELECT c.client_id, a.name, c.description, c.secret_hash IS NOT NULL AS "has_secret!",
+                c.jwks IS NOT NULL AS "has_jwks!", c.created_at
          FROM oauth_clients c JOIN agents a ON a.id = c.agent_id
-         WHERE $1::text IS NULL OR a.name = $1 ORDER BY a.name, c.created_at",
+         WHERE $1::text IS NULL OR a.name = $1 ORDER BY a.name, c.created_at"#,
+        agent,
     )
-    .bind(agent)
     .fetch_all(pool)
     .await?
     .into_iter()
     .map(|r| {
         let mut auth_methods = Vec::new();
-        if r.get::<bool, _>(3) {
+        if r.has_secret {
             auth_methods.extend(["client_secret_basic", "client_secret_post"]);
         }
-        if r.get::<bool, _>(4) {
+        if r.has_jwks {
             auth_methods.push("private_key_jwt");
         }
-        ClientSummary { client_id: r.get(0), agent: r.get(1), description: r.get(2), auth_methods, created_at: r.get(5) }
+        ClientSummary {
+            client_id: r.client_id,
+            agent: r.name,
+            description: r.description,
+            auth_methods,
+            created_at: r.created_at,
+        }
     })
     .collect())
 }
@@ -69,15 +77,15 @@ pub async fn create_client(
     jwks: Option<&Value>,
     description: &str,
 ) -> sqlx::Result<bool> {
-    let inserted = sqlx::query(
+    let inserted = sqlx::query!(
         "INSERT INTO oauth_clients (client_id, agent_id, secret_hash, jwks, description)
          SELECT $1, id, $3, $4, $5 FROM agents WHERE name = $2",
+        client_id,
+        agent,
+        secret_hash,
+        jwks,
+        description,
     )
-    .bind(client_id)
-    .bind(agent)
-    .bind(secret_hash)
-    .bind(jwks)
-    .bind(description)
     .execute(&mut *conn)
     .await?;
     if inserted.rows_affected() == 0 {
@@ -100,8 +108,7 @@ pub async fn delete_client(
     actor: &str,
     client_id: &str,
 ) -> sqlx::Result<bool> {
-    let gone = sqlx::query("DELETE FROM oauth_clients WHERE client_id = $1")
-        .bind(client_id)
+    let gone = sqlx::query!("DELETE FROM oauth_clients WHERE client_id = $1", client_id)
         .execute(&mut *conn)
         .await?;
     if gone.rows_affected() > 0 {
@@ -120,15 +127,10 @@ pub async fn delete_client(
 
 /// Which agent each client signs in as, for the policy snapshot.
 pub(super) async fn records(conn: &mut PgConnection) -> sqlx::Result<Vec<ClientRecord>> {
-    Ok(sqlx::query(
-        "SELECT c.client_id, a.name FROM oauth_clients c JOIN agents a ON a.id = c.agent_id",
+    sqlx::query_as!(
+        ClientRecord,
+        "SELECT c.client_id, a.name AS agent FROM oauth_clients c JOIN agents a ON a.id = c.agent_id"
     )
     .fetch_all(&mut *conn)
-    .await?
-    .into_iter()
-    .map(|r| ClientRecord {
-        client_id: r.get(0),
-        agent: r.get(1),
-    })
-    .collect())
+    .await
 }

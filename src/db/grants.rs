@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use serde_json::json;
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::record_change;
@@ -17,15 +17,15 @@ pub async fn add_grant(
     target: &str,
 ) -> sqlx::Result<Option<Uuid>> {
     let id = Uuid::now_v7();
-    let inserted = sqlx::query(
+    let inserted = sqlx::query!(
         "INSERT INTO agent_grants (id, agent_id, target, created_by)
          SELECT $1, id, $3, $4 FROM agents WHERE name = $2
          ON CONFLICT (agent_id, target) DO NOTHING",
+        id,
+        agent,
+        target,
+        actor,
     )
-    .bind(id)
-    .bind(agent)
-    .bind(target)
-    .bind(actor)
     .execute(&mut *conn)
     .await?;
     if inserted.rows_affected() == 0 {
@@ -50,11 +50,11 @@ pub async fn remove_grant(
     agent: &str,
     target: &str,
 ) -> sqlx::Result<bool> {
-    let gone = sqlx::query(
+    let gone = sqlx::query!(
         "DELETE FROM agent_grants g USING agents a WHERE g.agent_id = a.id AND a.name = $1 AND g.target = $2",
+        agent,
+        target,
     )
-    .bind(agent)
-    .bind(target)
     .execute(&mut *conn)
     .await?;
     if gone.rows_affected() > 0 {
@@ -76,17 +76,17 @@ pub(super) async fn by_agent(
     conn: &mut PgConnection,
 ) -> sqlx::Result<HashMap<Uuid, Vec<GrantRecord>>> {
     let mut grants: HashMap<Uuid, Vec<GrantRecord>> = HashMap::new();
-    for r in sqlx::query(
-        "SELECT id, agent_id, target, created_by, created_at FROM agent_grants ORDER BY target",
+    for r in sqlx::query!(
+        "SELECT id, agent_id, target, created_by, created_at FROM agent_grants ORDER BY target"
     )
     .fetch_all(&mut *conn)
     .await?
     {
-        grants.entry(r.get(1)).or_default().push(GrantRecord {
-            id: r.get(0),
-            target: r.get(2),
-            created_by: r.get(3),
-            created_at: r.get(4),
+        grants.entry(r.agent_id).or_default().push(GrantRecord {
+            id: r.id,
+            target: r.target,
+            created_by: r.created_by,
+            created_at: r.created_at,
         });
     }
     Ok(grants)

@@ -1,7 +1,7 @@
 //! Tool group metadata (`policies/groups.yaml`): description, owner, and whether it is pinned.
 
 use serde_json::json;
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 
 use super::record_change;
 
@@ -21,15 +21,15 @@ pub struct GroupMeta {
 
 pub async fn groups(conn: &mut PgConnection) -> sqlx::Result<Vec<GroupMeta>> {
     Ok(
-        sqlx::query("SELECT name, description, owner, pin FROM tool_groups ORDER BY name")
+        sqlx::query!("SELECT name, description, owner, pin FROM tool_groups ORDER BY name")
             .fetch_all(&mut *conn)
             .await?
             .into_iter()
             .map(|r| GroupMeta {
-                name: r.get(0),
-                description: r.get(1),
-                owner: r.get(2),
-                pin: r.get(3),
+                name: r.name,
+                description: r.description,
+                owner: r.owner,
+                pin: r.pin,
             })
             .collect(),
     )
@@ -41,14 +41,14 @@ pub async fn upsert_group(
     before: Option<&GroupMeta>,
     g: &GroupMeta,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO tool_groups (name, description, owner, pin) VALUES ($1, $2, $3, $4)
          ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description, owner = EXCLUDED.owner, pin = EXCLUDED.pin, updated_at = now()",
+        &g.name,
+        &g.description,
+        &g.owner,
+        g.pin,
     )
-    .bind(&g.name)
-    .bind(&g.description)
-    .bind(&g.owner)
-    .bind(g.pin)
     .execute(&mut *conn)
     .await?;
     record_change(
@@ -63,8 +63,7 @@ pub async fn upsert_group(
 }
 
 pub async fn delete_group(conn: &mut PgConnection, actor: &str, name: &str) -> sqlx::Result<bool> {
-    let gone = sqlx::query("DELETE FROM tool_groups WHERE name = $1")
-        .bind(name)
+    let gone = sqlx::query!("DELETE FROM tool_groups WHERE name = $1", name)
         .execute(&mut *conn)
         .await?;
     if gone.rows_affected() > 0 {
@@ -90,16 +89,15 @@ pub async fn set_pin(
     pin: Option<bool>,
 ) -> sqlx::Result<()> {
     let before: Option<Option<bool>> =
-        sqlx::query_scalar("SELECT pin FROM tool_groups WHERE name = $1")
-            .bind(group)
+        sqlx::query_scalar!("SELECT pin FROM tool_groups WHERE name = $1", group)
             .fetch_optional(&mut *conn)
             .await?;
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO tool_groups (name, pin) VALUES ($1, $2)
          ON CONFLICT (name) DO UPDATE SET pin = EXCLUDED.pin, updated_at = now()",
+        group,
+        pin,
     )
-    .bind(group)
-    .bind(pin)
     .execute(&mut *conn)
     .await?;
     record_change(

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use serde_json::json;
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::agents::agent_id;
@@ -22,18 +22,19 @@ pub async fn set_limits(
     let Some(agent_id) = agent_id(conn, agent).await? else {
         return Ok(());
     };
-    sqlx::query("DELETE FROM rate_limits WHERE agent_id = $1")
-        .bind(agent_id)
+    sqlx::query!("DELETE FROM rate_limits WHERE agent_id = $1", agent_id)
         .execute(&mut *conn)
         .await?;
     for l in limits {
-        sqlx::query("INSERT INTO rate_limits (id, agent_id, pattern, rate, period, burst) VALUES ($1, $2, $3, $4, $5, $6)")
-            .bind(Uuid::now_v7())
-            .bind(agent_id)
-            .bind(&l.pattern)
-            .bind(l.limit.count())
-            .bind(l.limit.period().as_str())
-            .bind(l.limit.burst_written().map(|b| b as i32))
+        sqlx::query!(
+            "INSERT INTO rate_limits (id, agent_id, pattern, rate, period, burst) VALUES ($1, $2, $3, $4, $5, $6)",
+            Uuid::now_v7(),
+            agent_id,
+            l.pattern.as_deref(),
+            l.limit.count(),
+            l.limit.period().as_str(),
+            l.limit.burst_written().map(|b| b as i32),
+        )
             .execute(&mut *conn)
             .await?;
     }
@@ -53,24 +54,22 @@ pub(super) async fn by_agent(
     conn: &mut PgConnection,
 ) -> sqlx::Result<HashMap<Uuid, Vec<RateLimitRecord>>> {
     let mut limits: HashMap<Uuid, Vec<RateLimitRecord>> = HashMap::new();
-    for r in sqlx::query(
-        "SELECT agent_id, pattern, rate, period, burst FROM rate_limits ORDER BY pattern NULLS FIRST",
-    )
+    for r in sqlx::query!("SELECT agent_id, pattern, rate, period, burst FROM rate_limits ORDER BY pattern NULLS FIRST")
     .fetch_all(&mut *conn)
     .await?
     {
-        let period: String = r.get(3);
+        let period: String = r.period;
         let limit = Period::parse(&period)
             .ok_or_else(|| format!("unknown period {period:?}"))
             .and_then(|p| {
-                let burst = r.get::<Option<i32>, _>(4).map(|b| b.max(0) as u32);
-                Limit::new(r.get(2), p, burst)
+                let burst = r.burst.map(|b| b.max(0) as u32);
+                Limit::new(r.rate, p, burst)
             })
             // The table's checks admit only what `Limit::new` does; a row that slips past
             // them is a corrupt database, reported as such rather than served loosely.
             .map_err(|e| sqlx::Error::Decode(format!("rate_limits row: {e}").into()))?;
-        limits.entry(r.get(0)).or_default().push(RateLimitRecord {
-            pattern: r.get(1),
+        limits.entry(r.agent_id).or_default().push(RateLimitRecord {
+            pattern: r.pattern,
             limit,
         });
     }

@@ -27,9 +27,10 @@ pub enum Lock {
 
 /// Takes `lock` for the rest of the caller's transaction, waiting for whoever holds it.
 pub async fn hold(conn: &mut PgConnection, lock: Lock) -> sqlx::Result<()> {
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(lock as i64)
-        .execute(&mut *conn)
+    let id = lock as i64;
+    // The function returns `void`: the one row it answers carries nothing.
+    sqlx::query_scalar!("SELECT pg_advisory_xact_lock($1)", id)
+        .fetch_one(&mut *conn)
         .await?;
     Ok(())
 }

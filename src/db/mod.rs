@@ -141,6 +141,8 @@ async fn create_database(options: &PgConnectOptions, shown: &str) -> Result<(), 
             url: shown.to_owned(),
             reason: e.to_string(),
         })?;
+    // A database's name is no bind parameter (and the query macros need a database to check
+    // against): built here, quoted as an identifier.
     let sql = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
     match sqlx::query(&sql).execute(&mut conn).await {
         Ok(_) => {
@@ -159,7 +161,10 @@ async fn create_database(options: &PgConnectOptions, shown: &str) -> Result<(), 
 
 /// Whether the database answers (readiness, and the audit log's recovery check).
 pub async fn ping(pool: &PgPool) -> sqlx::Result<()> {
-    sqlx::query("SELECT 1").execute(pool).await.map(|_| ())
+    sqlx::query_scalar!(r#"SELECT 1 AS "one!""#)
+        .fetch_one(pool)
+        .await
+        .map(|_| ())
 }
 
 /// Applies pending migrations (sqlx takes an advisory lock, so instances may race safely).

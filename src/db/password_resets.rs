@@ -16,23 +16,25 @@ pub async fn create_reset(
     token_sha256: &str,
     expires_at: DateTime<Utc>,
 ) -> sqlx::Result<bool> {
-    let user: Option<Uuid> = sqlx::query_scalar("SELECT id FROM admin_users WHERE username = $1")
-        .bind(username)
-        .fetch_optional(&mut *conn)
-        .await?;
+    let user: Option<Uuid> =
+        sqlx::query_scalar!("SELECT id FROM admin_users WHERE username = $1", username)
+            .fetch_optional(&mut *conn)
+            .await?;
     let Some(user) = user else { return Ok(false) };
-    sqlx::query("DELETE FROM admin_password_resets WHERE user_id = $1 OR expires_at < now()")
-        .bind(user)
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query(
+    sqlx::query!(
+        "DELETE FROM admin_password_resets WHERE user_id = $1 OR expires_at < now()",
+        user,
+    )
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query!(
         "INSERT INTO admin_password_resets (token_sha256, user_id, created_by, expires_at)
          VALUES ($1, $2, $3, $4)",
+        token_sha256,
+        user,
+        actor,
+        expires_at,
     )
-    .bind(token_sha256)
-    .bind(user)
-    .bind(actor)
-    .bind(expires_at)
     .execute(&mut *conn)
     .await?;
     record_change(
@@ -49,12 +51,12 @@ pub async fn create_reset(
 
 /// The enabled local account a live reset link is for.
 pub async fn reset_target(pool: &PgPool, token_sha256: &str) -> sqlx::Result<Option<String>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "SELECT u.username FROM admin_password_resets r JOIN admin_users u ON u.id = r.user_id
          WHERE r.token_sha256 = $1 AND r.expires_at > now() AND u.disabled_at IS NULL
            AND u.oidc_issuer IS NULL",
+        token_sha256,
     )
-    .bind(token_sha256)
     .fetch_optional(pool)
     .await
 }
@@ -66,23 +68,26 @@ pub async fn use_reset(
     token_sha256: &str,
     password_hash: &str,
 ) -> sqlx::Result<Option<String>> {
-    let row: Option<(Uuid, String)> = sqlx::query_as(
+    let row = sqlx::query!(
         "DELETE FROM admin_password_resets r USING admin_users u
          WHERE r.token_sha256 = $1 AND u.id = r.user_id AND r.expires_at > now()
            AND u.disabled_at IS NULL AND u.oidc_issuer IS NULL
          RETURNING u.id, u.username",
+        token_sha256,
     )
-    .bind(token_sha256)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some((user, username)) = row else {
+    let Some(row) = row else {
         return Ok(None);
     };
-    sqlx::query("UPDATE admin_users SET password_hash = $2, updated_at = now() WHERE id = $1")
-        .bind(user)
-        .bind(password_hash)
-        .execute(&mut *conn)
-        .await?;
+    let (user, username) = (row.id, row.username);
+    sqlx::query!(
+        "UPDATE admin_users SET password_hash = $2, updated_at = now() WHERE id = $1",
+        user,
+        password_hash,
+    )
+    .execute(&mut *conn)
+    .await?;
     let ended = delete_sessions_of(conn, user).await?;
     record_change(
         conn,

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::json;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::authorizations::revoke;
@@ -19,41 +19,28 @@ pub struct PublicClient {
     pub created_at: DateTime<Utc>,
 }
 
-fn public_client(r: &sqlx::postgres::PgRow) -> PublicClient {
-    PublicClient {
-        client_id: r.get(0),
-        client_name: r.get(1),
-        redirect_uris: r.get(2),
-        created_by: r.get(3),
-        created_at: r.get(4),
-    }
-}
-
 pub async fn public_client_by_id(
     pool: &PgPool,
     client_id: &str,
 ) -> sqlx::Result<Option<PublicClient>> {
-    Ok(sqlx::query(
+    sqlx::query_as!(
+        PublicClient,
         "SELECT client_id, client_name, redirect_uris, created_by, created_at
          FROM oauth_public_clients WHERE client_id = $1",
+        client_id,
     )
-    .bind(client_id)
     .fetch_optional(pool)
-    .await?
-    .as_ref()
-    .map(public_client))
+    .await
 }
 
 pub async fn public_clients(pool: &PgPool) -> sqlx::Result<Vec<PublicClient>> {
-    Ok(sqlx::query(
+    sqlx::query_as!(
+        PublicClient,
         "SELECT client_id, client_name, redirect_uris, created_by, created_at
-         FROM oauth_public_clients ORDER BY client_id",
+         FROM oauth_public_clients ORDER BY client_id"
     )
     .fetch_all(pool)
-    .await?
-    .iter()
-    .map(public_client)
-    .collect())
+    .await
 }
 
 /// Registers (or replaces) a public client.
@@ -64,15 +51,15 @@ pub async fn put_public_client(
     client_name: &str,
     redirect_uris: &[String],
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO oauth_public_clients (client_id, client_name, redirect_uris, created_by)
          VALUES ($1, $2, $3, $4)
          ON CONFLICT (client_id) DO UPDATE SET client_name = $2, redirect_uris = $3",
+        client_id,
+        client_name,
+        redirect_uris,
+        actor,
     )
-    .bind(client_id)
-    .bind(client_name)
-    .bind(redirect_uris)
-    .bind(actor)
     .execute(&mut *conn)
     .await?;
     record_change(
@@ -91,10 +78,12 @@ pub async fn delete_public_client(
     actor: &str,
     client_id: &str,
 ) -> sqlx::Result<bool> {
-    let gone = sqlx::query("DELETE FROM oauth_public_clients WHERE client_id = $1")
-        .bind(client_id)
-        .execute(&mut *conn)
-        .await?;
+    let gone = sqlx::query!(
+        "DELETE FROM oauth_public_clients WHERE client_id = $1",
+        client_id,
+    )
+    .execute(&mut *conn)
+    .await?;
     if gone.rows_affected() == 0 {
         return Ok(false);
     }
@@ -108,10 +97,10 @@ pub async fn delete_public_client(
     )
     .await?;
     // Its consents go with it: the host can no longer be told apart from an impostor.
-    let ids: Vec<Uuid> = sqlx::query_scalar(
+    let ids: Vec<Uuid> = sqlx::query_scalar!(
         "SELECT id FROM oauth_authorizations WHERE client_id = $1 AND revoked_at IS NULL",
+        client_id,
     )
-    .bind(client_id)
     .fetch_all(&mut *conn)
     .await?;
     for id in ids {

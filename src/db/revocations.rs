@@ -13,12 +13,15 @@ pub async fn revoke(
     jti: Uuid,
     expires_at: DateTime<Utc>,
 ) -> sqlx::Result<()> {
-    sqlx::query("INSERT INTO revoked_tokens (jti, expires_at, revoked_by) VALUES ($1, $2, $3) ON CONFLICT (jti) DO NOTHING")
-        .bind(jti)
-        .bind(expires_at)
-        .bind(actor)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query!(
+        "INSERT INTO revoked_tokens (jti, expires_at, revoked_by) VALUES ($1, $2, $3)
+         ON CONFLICT (jti) DO NOTHING",
+        jti,
+        expires_at,
+        actor,
+    )
+    .execute(&mut *conn)
+    .await?;
     record_change(
         conn,
         actor,
@@ -33,7 +36,7 @@ pub async fn revoke(
 /// Drops revocations of tokens that have expired anyway.
 pub async fn prune_revocations(pool: &PgPool) -> sqlx::Result<u64> {
     Ok(
-        sqlx::query("DELETE FROM revoked_tokens WHERE expires_at < now() - interval '1 hour'")
+        sqlx::query!("DELETE FROM revoked_tokens WHERE expires_at < now() - interval '1 hour'")
             .execute(pool)
             .await?
             .rows_affected(),
@@ -42,7 +45,7 @@ pub async fn prune_revocations(pool: &PgPool) -> sqlx::Result<u64> {
 
 /// The ids of revoked tokens that have not expired yet, for the policy snapshot.
 pub(super) async fn live(conn: &mut PgConnection) -> sqlx::Result<Vec<Uuid>> {
-    sqlx::query_scalar("SELECT jti FROM revoked_tokens WHERE expires_at > now()")
+    sqlx::query_scalar!("SELECT jti FROM revoked_tokens WHERE expires_at > now()")
         .fetch_all(&mut *conn)
         .await
 }

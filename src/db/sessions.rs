@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::record_change;
@@ -27,19 +27,19 @@ pub async fn create_session(
     remote_addr: Option<&str>,
     user_agent: Option<&str>,
 ) -> sqlx::Result<()> {
-    sqlx::query("DELETE FROM admin_sessions WHERE expires_at < now()")
+    sqlx::query!("DELETE FROM admin_sessions WHERE expires_at < now()")
         .execute(pool)
         .await?;
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO admin_sessions (token_sha256, user_id, csrf_token, expires_at, remote_addr, user_agent)
          VALUES ($1, $2, $3, $4, $5, $6)",
+        token_sha256,
+        user_id,
+        csrf_token,
+        expires_at,
+        remote_addr,
+        user_agent,
     )
-    .bind(token_sha256)
-    .bind(user_id)
-    .bind(csrf_token)
-    .bind(expires_at)
-    .bind(remote_addr)
-    .bind(user_agent)
     .execute(pool)
     .await?;
     Ok(())
@@ -56,37 +56,37 @@ pub async fn session(
     token_sha256: &str,
     idle: std::time::Duration,
 ) -> sqlx::Result<Option<SessionRecord>> {
-    let Some(r) = sqlx::query(
-        "SELECT u.username, u.role, s.csrf_token, s.expires_at,
-                s.last_seen_at < now() - make_interval(secs => $3)
+    let Some(r) = sqlx::query!(
+        r#"SELECT u.username, u.role, s.csrf_token, s.expires_at,
+                s.last_seen_at < now() - make_interval(secs => $3) AS "stale!"
          FROM admin_sessions s JOIN admin_users u ON u.id = s.user_id
          WHERE s.token_sha256 = $1 AND s.expires_at > now()
-           AND s.last_seen_at > now() - make_interval(secs => $2) AND u.disabled_at IS NULL",
+           AND s.last_seen_at > now() - make_interval(secs => $2) AND u.disabled_at IS NULL"#,
+        token_sha256,
+        idle.as_secs_f64(),
+        TOUCH_EVERY_SECS,
     )
-    .bind(token_sha256)
-    .bind(idle.as_secs_f64())
-    .bind(TOUCH_EVERY_SECS)
     .fetch_optional(pool)
     .await?
     else {
         return Ok(None);
     };
-    if r.get::<bool, _>(4) {
+    if r.stale {
         // Still within the idle limit: a session that ran out meanwhile is not revived.
-        sqlx::query(
+        sqlx::query!(
             "UPDATE admin_sessions SET last_seen_at = now()
              WHERE token_sha256 = $1 AND last_seen_at > now() - make_interval(secs => $2)",
+            token_sha256,
+            idle.as_secs_f64(),
         )
-        .bind(token_sha256)
-        .bind(idle.as_secs_f64())
         .execute(pool)
         .await?;
     }
     Ok(Some(SessionRecord {
-        username: r.get(0),
-        role: r.get(1),
-        csrf_token: r.get(2),
-        expires_at: r.get(3),
+        username: r.username,
+        role: r.role,
+        csrf_token: r.csrf_token,
+        expires_at: r.expires_at,
     }))
 }
 
@@ -94,19 +94,23 @@ pub async fn session(
 pub const TOUCH_EVERY_SECS: f64 = 60.0;
 
 pub async fn delete_session(pool: &PgPool, token_sha256: &str) -> sqlx::Result<()> {
-    sqlx::query("DELETE FROM admin_sessions WHERE token_sha256 = $1")
-        .bind(token_sha256)
-        .execute(pool)
-        .await?;
+    sqlx::query!(
+        "DELETE FROM admin_sessions WHERE token_sha256 = $1",
+        token_sha256,
+    )
+    .execute(pool)
+    .await?;
     Ok(())
 }
 
 /// The shown id of the session with this id hash.
 pub async fn session_id(pool: &PgPool, token_sha256: &str) -> sqlx::Result<Option<Uuid>> {
-    sqlx::query_scalar("SELECT id FROM admin_sessions WHERE token_sha256 = $1")
-        .bind(token_sha256)
-        .fetch_optional(pool)
-        .await
+    sqlx::query_scalar!(
+        "SELECT id FROM admin_sessions WHERE token_sha256 = $1",
+        token_sha256,
+    )
+    .fetch_optional(pool)
+    .await
 }
 
 /// A session as an admin sees it in the account pages.
@@ -122,36 +126,28 @@ pub struct SessionInfo {
 
 /// The account's live sessions, newest first.
 pub async fn sessions_of(pool: &PgPool, username: &str) -> sqlx::Result<Vec<SessionInfo>> {
-    Ok(sqlx::query(
+    sqlx::query_as!(
+        SessionInfo,
         "SELECT s.id, s.created_at, s.last_seen_at, s.expires_at, s.remote_addr, s.user_agent
          FROM admin_sessions s JOIN admin_users u ON u.id = s.user_id
          WHERE u.username = $1 AND s.expires_at > now()
          ORDER BY s.created_at DESC",
+        username,
     )
-    .bind(username)
     .fetch_all(pool)
-    .await?
-    .into_iter()
-    .map(|r| SessionInfo {
-        id: r.get(0),
-        created_at: r.get(1),
-        last_seen_at: r.get(2),
-        expires_at: r.get(3),
-        remote_addr: r.get(4),
-        user_agent: r.get(5),
-    })
-    .collect())
+    .await
 }
 
 pub(super) async fn delete_sessions_of(
     conn: &mut PgConnection,
     user_id: Uuid,
 ) -> sqlx::Result<u64> {
-    Ok(sqlx::query("DELETE FROM admin_sessions WHERE user_id = $1")
-        .bind(user_id)
-        .execute(conn)
-        .await?
-        .rows_affected())
+    Ok(
+        sqlx::query!("DELETE FROM admin_sessions WHERE user_id = $1", user_id)
+            .execute(conn)
+            .await?
+            .rows_affected(),
+    )
 }
 
 /// Ends one session of `username` (`Some(id)`) or all of them; how many ended, `None` if the
@@ -162,16 +158,16 @@ pub async fn end_sessions(
     username: &str,
     session: Option<Uuid>,
 ) -> sqlx::Result<Option<u64>> {
-    let user: Option<Uuid> = sqlx::query_scalar("SELECT id FROM admin_users WHERE username = $1")
-        .bind(username)
-        .fetch_optional(&mut *conn)
-        .await?;
+    let user: Option<Uuid> =
+        sqlx::query_scalar!("SELECT id FROM admin_users WHERE username = $1", username)
+            .fetch_optional(&mut *conn)
+            .await?;
     let Some(user) = user else { return Ok(None) };
-    let ended = sqlx::query(
+    let ended = sqlx::query!(
         "DELETE FROM admin_sessions WHERE user_id = $1 AND ($2::uuid IS NULL OR id = $2)",
+        user,
+        session,
     )
-    .bind(user)
-    .bind(session)
     .execute(&mut *conn)
     .await?
     .rows_affected();
@@ -194,16 +190,17 @@ pub async fn end_federated_sessions(
     issuer: &str,
     subject: &str,
 ) -> sqlx::Result<u64> {
-    let user: Option<(Uuid, String)> = sqlx::query_as(
+    let user = sqlx::query!(
         "SELECT id, username FROM admin_users WHERE oidc_issuer = $1 AND oidc_subject = $2",
+        issuer,
+        subject,
     )
-    .bind(issuer)
-    .bind(subject)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some((id, username)) = user else {
+    let Some(user) = user else {
         return Ok(0);
     };
+    let (id, username) = (user.id, user.username);
     let ended = delete_sessions_of(conn, id).await?;
     if ended > 0 {
         record_change(

@@ -14,7 +14,7 @@ pub async fn load_state(pool: &PgPool) -> sqlx::Result<PolicyState> {
 /// fields are left empty, for [`crate::policy::snapshot::PolicyHandle::merge_state`].
 pub async fn load_parts(pool: &PgPool, parts: Parts) -> sqlx::Result<PolicyState> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .execute(&mut *tx)
         .await?;
     let mut state = PolicyState::default();

@@ -1,7 +1,7 @@
 //! Sign-ins sent to the OpenID Provider, waiting for its callback.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 /// A sign-in sent to the provider, waiting for its callback.
 #[derive(Debug, Clone)]
@@ -18,18 +18,18 @@ pub async fn insert_flow(
     flow: &SsoFlow,
     expires_at: DateTime<Utc>,
 ) -> sqlx::Result<()> {
-    sqlx::query("DELETE FROM admin_sso_flows WHERE expires_at < now()")
+    sqlx::query!("DELETE FROM admin_sso_flows WHERE expires_at < now()")
         .execute(pool)
         .await?;
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO admin_sso_flows (state_sha256, nonce, pkce_verifier, next_url, expires_at)
          VALUES ($1, $2, $3, $4, $5)",
+        state_sha256,
+        &flow.nonce,
+        &flow.pkce_verifier,
+        &flow.next_url,
+        expires_at,
     )
-    .bind(state_sha256)
-    .bind(&flow.nonce)
-    .bind(&flow.pkce_verifier)
-    .bind(&flow.next_url)
-    .bind(expires_at)
     .execute(pool)
     .await?;
     Ok(())
@@ -37,16 +37,12 @@ pub async fn insert_flow(
 
 /// Takes a live flow out (a callback is answered once).
 pub async fn take_flow(pool: &PgPool, state_sha256: &str) -> sqlx::Result<Option<SsoFlow>> {
-    Ok(sqlx::query(
+    sqlx::query_as!(
+        SsoFlow,
         "DELETE FROM admin_sso_flows WHERE state_sha256 = $1 AND expires_at > now()
          RETURNING nonce, pkce_verifier, next_url",
+        state_sha256,
     )
-    .bind(state_sha256)
     .fetch_optional(pool)
-    .await?
-    .map(|r| SsoFlow {
-        nonce: r.get(0),
-        pkce_verifier: r.get(1),
-        next_url: r.get(2),
-    }))
+    .await
 }

@@ -1,7 +1,7 @@
 //! Upstream MCP servers: the spec of each upstream group.
 
 use serde_json::{Value, json};
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 
 use super::record_change;
 
@@ -10,11 +10,11 @@ pub async fn upstreams(
     conn: &mut PgConnection,
 ) -> sqlx::Result<std::collections::BTreeMap<String, Value>> {
     Ok(
-        sqlx::query("SELECT name, spec FROM upstreams ORDER BY name")
+        sqlx::query!("SELECT name, spec FROM upstreams ORDER BY name")
             .fetch_all(&mut *conn)
             .await?
             .into_iter()
-            .map(|r| (r.get(0), r.get(1)))
+            .map(|r| (r.name, r.spec))
             .collect(),
     )
 }
@@ -26,12 +26,12 @@ pub async fn set_upstream(
     before: Option<&Value>,
     spec: &Value,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO upstreams (name, spec) VALUES ($1, $2)
          ON CONFLICT (name) DO UPDATE SET spec = EXCLUDED.spec, updated_at = now()",
+        name,
+        spec,
     )
-    .bind(name)
-    .bind(spec)
     .execute(&mut *conn)
     .await?;
     record_change(
@@ -50,8 +50,7 @@ pub async fn delete_upstream(
     actor: &str,
     name: &str,
 ) -> sqlx::Result<bool> {
-    let gone = sqlx::query("DELETE FROM upstreams WHERE name = $1")
-        .bind(name)
+    let gone = sqlx::query!("DELETE FROM upstreams WHERE name = $1", name)
         .execute(&mut *conn)
         .await?;
     if gone.rows_affected() > 0 {
