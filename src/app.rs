@@ -98,7 +98,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut first_load = None;
     // Start-up stages are timed at `info`: what a large pool costs to start is read here.
     let started = std::time::Instant::now();
-    if db::policy::is_empty(&pool).await? && args.policies_dir.is_dir() {
+    if db::agents::is_empty(&pool).await? && args.policies_dir.is_dir() {
         let catalog = first_load.insert(load_pool(&settings.tools_dir, None, &settings.loader));
         tracing::info!(
             tools = catalog.len(),
@@ -169,7 +169,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let mut tick = tokio::time::interval(Duration::from_secs(600));
             loop {
                 tick.tick().await;
-                let _ = db::policy::prune_revocations(&state.db).await;
+                let _ = db::revocations::prune_revocations(&state.db).await;
                 let _ = db::authorizations::prune_codes(&state.db).await;
                 state.limits.shrink();
                 if let Err(e) =

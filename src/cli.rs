@@ -171,7 +171,7 @@ async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {
         ClientCommand::ListPublic { db: db_args } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
-            let clients = db::authorizations::public_clients(&pool).await?;
+            let clients = db::public_clients::public_clients(&pool).await?;
             println!("{}", serde_json::to_string_pretty(&clients)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -193,7 +193,7 @@ async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {
         }
         ClientCommand::List { db: db_args, agent } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
-            let clients = db::policy::clients(&pool, agent.as_deref()).await?;
+            let clients = db::clients::clients(&pool, agent.as_deref()).await?;
             println!("{}", serde_json::to_string_pretty(&clients)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -203,7 +203,7 @@ async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {
         } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             let mut tx = pool.begin().await?;
-            let existed = db::policy::delete_client(&mut tx, "cli", &client_id).await?;
+            let existed = db::clients::delete_client(&mut tx, "cli", &client_id).await?;
             tx.commit().await?;
             if existed {
                 println!("deleted {client_id}");
@@ -327,7 +327,7 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             let mut conn = pool.acquire().await?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            db::audit::each_checkpoint::<anyhow::Error>(&mut conn, after, |c| {
+            db::checkpoints::each_checkpoint::<anyhow::Error>(&mut conn, after, |c| {
                 serde_json::to_writer(&mut out, &c)?;
                 out.write_all(b"\n")?;
                 Ok(())

@@ -197,7 +197,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
         )
             .into_response();
     }
-    let db_ok = sqlx::query("SELECT 1").execute(&state.db).await.is_ok();
+    let db_ok = crate::db::ping(&state.db).await.is_ok();
     let snapshot = state.policy.load();
     let pool_loaded = !snapshot.catalog.groups().collect::<Vec<_>>().is_empty()
         || state.settings.tools_dir.is_dir();
@@ -378,7 +378,7 @@ pub async fn require_audit(State(state): State<AppState>, req: Request, next: Ne
     if !state.audit.is_healthy() {
         let ok = tokio::time::timeout(
             std::time::Duration::from_secs(1),
-            sqlx::query("SELECT 1").execute(&state.db),
+            crate::db::ping(&state.db),
         )
         .await
         .is_ok_and(|r| r.is_ok());

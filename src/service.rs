@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::auth::secrets;
 use crate::db;
-use crate::db::policy::AgentSettings;
+use crate::db::agents::AgentSettings;
 use crate::policy::GrantTarget;
 use crate::policy::arguments::{self, ArgumentRules, RuleProblem};
 use crate::policy::snapshot::{Discovery, GrantMatch, Parts, PolicySnapshot, RateLimitRecord};
@@ -106,7 +106,7 @@ pub async fn create_agent(
         })?,
     };
     let mut tx = state.db.begin().await?;
-    if db::policy::agent_id(&mut tx, name).await?.is_some() {
+    if db::agents::agent_id(&mut tx, name).await?.is_some() {
         return Err(ServiceError::Conflict(format!(
             "agent `{name}` already exists"
         )));
@@ -117,7 +117,7 @@ pub async fn create_agent(
         discovery,
         pinned: Vec::new(),
     };
-    db::policy::create_agent(&mut tx, actor, name, &settings).await?;
+    db::agents::create_agent(&mut tx, actor, name, &settings).await?;
     tx.commit().await?;
     refresh(state, Parts::ALL).await;
     Ok(())
@@ -125,7 +125,7 @@ pub async fn create_agent(
 
 pub async fn delete_agent(state: &AppState, actor: &str, name: &str) -> Result<()> {
     let mut tx = state.db.begin().await?;
-    if !db::policy::delete_agent(&mut tx, actor, name).await? {
+    if !db::agents::delete_agent(&mut tx, actor, name).await? {
         return Err(ServiceError::NotFound(format!("agent `{name}`")));
     }
     tx.commit().await?;
@@ -171,10 +171,10 @@ pub async fn add_grant(
     let target = target.trim();
     GrantTarget::parse(target).map_err(ServiceError::Invalid)?;
     let mut tx = state.db.begin().await?;
-    if db::policy::agent_id(&mut tx, agent).await?.is_none() {
+    if db::agents::agent_id(&mut tx, agent).await?.is_none() {
         return Err(ServiceError::NotFound(format!("agent `{agent}`")));
     }
-    if db::policy::add_grant(&mut tx, actor, agent, target)
+    if db::grants::add_grant(&mut tx, actor, agent, target)
         .await?
         .is_none()
     {
@@ -203,7 +203,7 @@ pub async fn add_grant(
 
 pub async fn remove_grant(state: &AppState, actor: &str, agent: &str, target: &str) -> Result<()> {
     let mut tx = state.db.begin().await?;
-    if !db::policy::remove_grant(&mut tx, actor, agent, target).await? {
+    if !db::grants::remove_grant(&mut tx, actor, agent, target).await? {
         return Err(ServiceError::NotFound(format!(
             "grant `{target}` of agent `{agent}`"
         )));
@@ -248,7 +248,7 @@ pub async fn create_client(
         None => None,
     };
     let mut tx = pool.begin().await?;
-    if !db::policy::create_client(
+    if !db::clients::create_client(
         &mut tx,
         actor,
         agent,
@@ -285,7 +285,7 @@ pub async fn create_client_live(
 
 pub async fn delete_client(state: &AppState, actor: &str, client_id: &str) -> Result<()> {
     let mut tx = state.db.begin().await?;
-    if !db::policy::delete_client(&mut tx, actor, client_id).await? {
+    if !db::clients::delete_client(&mut tx, actor, client_id).await? {
         return Err(ServiceError::NotFound(format!("client `{client_id}`")));
     }
     tx.commit().await?;
@@ -301,7 +301,7 @@ pub async fn revoke_jti(
     expires_at: chrono::DateTime<chrono::Utc>,
 ) -> Result<()> {
     let mut tx = state.db.begin().await?;
-    db::policy::revoke(&mut tx, actor, jti, expires_at).await?;
+    db::revocations::revoke(&mut tx, actor, jti, expires_at).await?;
     tx.commit().await?;
     refresh(state, Parts::REVOKED).await;
     Ok(())
@@ -336,7 +336,7 @@ pub async fn set_limits(
         .map(|a| a.record.limits.clone())
         .ok_or_else(|| ServiceError::NotFound(format!("agent `{agent}`")))?;
     let mut tx = state.db.begin().await?;
-    db::policy::set_limits(&mut tx, actor, agent, &before, &limits).await?;
+    db::limits::set_limits(&mut tx, actor, agent, &before, &limits).await?;
     tx.commit().await?;
     refresh(state, Parts::ALL).await;
     Ok(())
@@ -366,7 +366,7 @@ pub async fn set_argument_rules(
         params,
     };
     let mut tx = state.db.begin().await?;
-    if !db::policy::set_argument_rules(&mut tx, actor, agent, &rules).await? {
+    if !db::arguments::set_argument_rules(&mut tx, actor, agent, &rules).await? {
         return Err(ServiceError::NotFound(format!("agent `{agent}`")));
     }
     tx.commit().await?;
@@ -449,7 +449,7 @@ pub async fn delete_argument_rules(
     target: &str,
 ) -> Result<()> {
     let mut tx = state.db.begin().await?;
-    if !db::policy::delete_argument_rules(&mut tx, actor, agent, target).await? {
+    if !db::arguments::delete_argument_rules(&mut tx, actor, agent, target).await? {
         return Err(ServiceError::NotFound(format!(
             "argument rules on `{target}` of agent `{agent}`"
         )));
@@ -489,8 +489,8 @@ pub async fn set_upstream(
     spec.validate().map_err(ServiceError::Invalid)?;
     let spec = serde_json::to_value(&spec).map_err(anyhow::Error::from)?;
     let mut tx = state.db.begin().await?;
-    let before = db::policy::upstreams(&mut tx).await?.remove(name);
-    db::policy::set_upstream(&mut tx, actor, name, before.as_ref(), &spec).await?;
+    let before = db::upstreams::upstreams(&mut tx).await?.remove(name);
+    db::upstreams::set_upstream(&mut tx, actor, name, before.as_ref(), &spec).await?;
     tx.commit().await?;
     refresh(state, Parts::ALL).await;
     Ok(())
@@ -498,7 +498,7 @@ pub async fn set_upstream(
 
 pub async fn delete_upstream(state: &AppState, actor: &str, name: &str) -> Result<()> {
     let mut tx = state.db.begin().await?;
-    if !db::policy::delete_upstream(&mut tx, actor, name).await? {
+    if !db::upstreams::delete_upstream(&mut tx, actor, name).await? {
         return Err(ServiceError::NotFound(format!("upstream `{name}`")));
     }
     tx.commit().await?;
@@ -624,7 +624,7 @@ pub async fn set_group_pin(
     let catalog = state.policy.catalog();
     let mut tx = state.db.begin().await?;
     let before = db::pins::pinned_groups(&mut tx).await?;
-    db::pins::set_pin(&mut tx, actor, group, pin).await?;
+    db::groups::set_pin(&mut tx, actor, group, pin).await?;
     let pinned = db::pins::pinned_groups(&mut tx).await?.contains(group);
     let approved = if pinned && !before.contains(group) {
         db::pins::baseline(&mut tx, actor, group, &catalog).await?
@@ -665,7 +665,7 @@ pub async fn add_agent_user(
 ) -> Result<()> {
     valid_username(username)?;
     let mut tx = state.db.begin().await?;
-    if !db::authorizations::add_agent_user(&mut tx, actor, agent, username).await? {
+    if !db::agent_users::add_agent_user(&mut tx, actor, agent, username).await? {
         return Err(ServiceError::NotFound(format!("agent `{agent}`")));
     }
     tx.commit().await?;
@@ -681,7 +681,7 @@ pub async fn remove_agent_user(
     username: &str,
 ) -> Result<()> {
     let mut tx = state.db.begin().await?;
-    if !db::authorizations::remove_agent_user(&mut tx, actor, agent, username).await? {
+    if !db::agent_users::remove_agent_user(&mut tx, actor, agent, username).await? {
         return Err(ServiceError::NotFound(format!(
             "user `{username}` of agent `{agent}`"
         )));
@@ -725,14 +725,14 @@ pub async fn put_public_client(
         crate::auth::redirect::check_registered_redirect(u).map_err(ServiceError::Invalid)?;
     }
     let mut tx = pool.begin().await?;
-    db::authorizations::put_public_client(&mut tx, actor, client_id, name, redirect_uris).await?;
+    db::public_clients::put_public_client(&mut tx, actor, client_id, name, redirect_uris).await?;
     tx.commit().await?;
     Ok(())
 }
 
 pub async fn delete_public_client(pool: &sqlx::PgPool, actor: &str, client_id: &str) -> Result<()> {
     let mut tx = pool.begin().await?;
-    if !db::authorizations::delete_public_client(&mut tx, actor, client_id).await? {
+    if !db::public_clients::delete_public_client(&mut tx, actor, client_id).await? {
         return Err(ServiceError::NotFound(format!(
             "public client `{client_id}`"
         )));

@@ -327,7 +327,7 @@ async fn list_clients(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let clients = crate::db::policy::clients(&state.db, Some(&name))
+    let clients = crate::db::clients::clients(&state.db, Some(&name))
         .await
         .map_err(ServiceError::from)?;
     Ok(Json(json!({"clients": clients})))
@@ -387,7 +387,7 @@ async fn delete_agent_user(
 }
 
 async fn list_public_clients(State(state): State<AppState>) -> ApiResult<Json<Value>> {
-    let clients = crate::db::authorizations::public_clients(&state.db)
+    let clients = crate::db::public_clients::public_clients(&state.db)
         .await
         .map_err(ServiceError::from)?;
     Ok(Json(json!({"public_clients": clients})))
@@ -671,7 +671,7 @@ pub fn audit_export_response(
 /// Upstreams with their specs and live health on this instance.
 async fn list_upstreams(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     let mut conn = state.db.acquire().await.map_err(ServiceError::from)?;
-    let specs = crate::db::policy::upstreams(&mut conn)
+    let specs = crate::db::upstreams::upstreams(&mut conn)
         .await
         .map_err(ServiceError::from)?;
     let health = state.upstreams.health();

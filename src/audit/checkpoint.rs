@@ -212,7 +212,7 @@ pub async fn publish(pool: &sqlx::PgPool, key: &SigningKey) -> anyhow::Result<Si
     let expect = crate::db::audit::expectations(&mut conn).await?;
     drop(conn);
     let mut c = key.sign(&expect, super::now_micros());
-    c.id = Some(crate::db::audit::insert_checkpoint(pool, &c).await?);
+    c.id = Some(crate::db::checkpoints::insert_checkpoint(pool, &c).await?);
     tracing::info!(checkpoint = c.id, key_id = %c.key_id, chains = expect.heads.len(), signature = %c.signature, "published an audit checkpoint");
     Ok(c)
 }
@@ -249,7 +249,7 @@ impl Signer {
             return Ok(None);
         }
         let mut c = self.key.sign_heads(moved, &expect, super::now_micros());
-        c.id = Some(crate::db::audit::insert_checkpoint(pool, &c).await?);
+        c.id = Some(crate::db::checkpoints::insert_checkpoint(pool, &c).await?);
         for h in &expect.heads {
             self.signed
                 .insert(h.chain.clone(), (h.last_seq, h.last_hash.clone()));

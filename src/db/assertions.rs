@@ -19,14 +19,14 @@ pub async fn first_use(
     jti: &str,
     expires_at: DateTime<Utc>,
 ) -> sqlx::Result<bool> {
-    let r = sqlx::query(
+    let r = sqlx::query!(
         "INSERT INTO used_client_assertions AS u (client_id, jti, expires_at) VALUES ($1, $2, $3)
          ON CONFLICT (client_id, jti) DO UPDATE SET expires_at = EXCLUDED.expires_at
          WHERE u.expires_at < now()",
+        client_id,
+        jti,
+        expires_at,
     )
-    .bind(client_id)
-    .bind(jti)
-    .bind(expires_at)
     .execute(pool)
     .await?;
     Ok(r.rows_affected() == 1)
@@ -35,7 +35,7 @@ pub async fn first_use(
 /// Deletes the ids of assertions that can no longer be presented; returns how many.
 pub async fn prune(pool: &PgPool) -> sqlx::Result<u64> {
     Ok(
-        sqlx::query("DELETE FROM used_client_assertions WHERE expires_at < now()")
+        sqlx::query!("DELETE FROM used_client_assertions WHERE expires_at < now()")
             .execute(pool)
             .await?
             .rows_affected(),

@@ -2,13 +2,14 @@
 
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use futures::{Stream, StreamExt};
-use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder, Row};
+use sqlx::{PgConnection, PgExecutor, PgPool, Postgres, QueryBuilder};
 
 use crate::audit::AuditEvent;
 use crate::audit::chain::{self, ChainHead, ChainedEvent, Expectations, Retired};
 use crate::audit::checkpoint::SignedCheckpoint;
 
+/// The columns of [`AuditRow`], for the queries built at run time (filters, batches). The one
+/// query that reads a row by id (see [`get`]) names them in its text, checked at compile time.
 const COLUMNS: &str = "id, at, chain, chain_seq, prev_hash, hash, instance, event_type, outcome, agent, client_id, jti, \
     admin_user, tool, resource, remote_addr, user_agent, request_id, call_id, exit_code, error, latency_us, bytes_in, \
     bytes_out, arguments, result_sha256, result, details, flags, person";
@@ -32,9 +33,9 @@ pub fn partition_name(at: DateTime<Utc>) -> String {
 /// Creates the month partition holding `at` if it does not exist. It runs with the owner's
 /// rights (a SECURITY DEFINER function), so a serving role without CREATE can call it.
 pub async fn ensure_partition(conn: &mut PgConnection, at: DateTime<Utc>) -> sqlx::Result<()> {
-    sqlx::query("SELECT audit_ensure_partition($1)")
-        .bind(at)
-        .execute(&mut *conn)
+    // The function returns `void`: the one row it answers carries nothing.
+    sqlx::query_scalar!("SELECT audit_ensure_partition($1)", at)
+        .fetch_one(&mut *conn)
         .await
         .map(|_| ())
 }
@@ -81,6 +82,7 @@ const INSERT: &str = "INSERT INTO audit_events (at, chain, chain_seq, prev_hash,
 
 /// Bind parameters per row; Postgres allows 65535 per statement.
 const PARAMS_PER_ROW: usize = 29;
+
 /// The most rows [`insert_batch`] takes.
 pub const MAX_INSERT_ROWS: usize = 65535 / PARAMS_PER_ROW;
 
@@ -95,6 +97,8 @@ pub async fn insert_batch(pool: &PgPool, rows: &[ChainedEvent]) -> sqlx::Result<
     if rows.is_empty() {
         return Ok(());
     }
+    // Built at run time: one statement of as many rows as the batch has, each row its 29
+    // parameters, which no fixed query text can say.
     let mut qb: QueryBuilder<Postgres> = QueryBuilder::new(INSERT);
     qb.push_values(rows, |mut b, r| push_row(&mut b, r));
     qb.build().execute(pool).await?;
@@ -114,12 +118,20 @@ pub fn is_refused_data(e: &sqlx::Error) -> bool {
 
 /// The last stored `(chain_seq, hash)` of `chain`, or none if it has no row.
 pub async fn last_link(pool: &PgPool, chain: &str) -> sqlx::Result<Option<(i64, String)>> {
-    sqlx::query_as(
+    last_link_of(pool, chain).await
+}
+
+async fn last_link_of(
+    conn: impl PgExecutor<'_>,
+    chain: &str,
+) -> sqlx::Result<Option<(i64, String)>> {
+    Ok(sqlx::query!(
         "SELECT chain_seq, hash FROM audit_events WHERE chain = $1 ORDER BY chain_seq DESC LIMIT 1",
+        chain,
     )
-    .bind(chain)
-    .fetch_optional(pool)
-    .await
+    .fetch_optional(conn)
+    .await?
+    .map(|r| (r.chain_seq, r.hash)))
 }
 
 /// Appends one event to the control-plane chain inside the caller's transaction, so that an
@@ -153,15 +165,8 @@ pub async fn append_many_in_tx(
         ensure_partition(conn, at).await?;
     }
     // One writer of this chain at a time; held until the caller commits.
-    sqlx::query("SELECT pg_advisory_xact_lock(7470113)")
-        .execute(&mut *conn)
-        .await?;
-    let last: Option<(i64, String)> = sqlx::query_as(
-        "SELECT chain_seq, hash FROM audit_events WHERE chain = $1 ORDER BY chain_seq DESC LIMIT 1",
-    )
-    .bind(chain::CONTROL_PLANE)
-    .fetch_optional(&mut *conn)
-    .await?;
+    super::locks::hold(conn, super::locks::Lock::ControlPlaneChain).await?;
+    let last = last_link_of(&mut *conn, chain::CONTROL_PLANE).await?;
     let (mut seq, mut hash) = last.unwrap_or((0, chain::GENESIS.to_owned()));
     let mut rows = Vec::with_capacity(events.len().min(MAX_INSERT_ROWS));
     let mut events = events.into_iter().peekable();
@@ -173,6 +178,7 @@ pub async fn append_many_in_tx(
             hash = row.hash.clone();
             rows.push(row);
         }
+        // Built at run time, as in `insert_batch`: one multi-row insert.
         let mut qb: QueryBuilder<Postgres> = QueryBuilder::new(INSERT);
         qb.push_values(&rows, |mut b, r| push_row(&mut b, r));
         qb.build().execute(&mut *conn).await?;
@@ -180,40 +186,78 @@ pub async fn append_many_in_tx(
     Ok(())
 }
 
-fn from_row(r: &PgRow) -> ChainedEvent {
-    ChainedEvent {
-        id: r.get("id"),
-        chain: r.get("chain"),
-        chain_seq: r.get("chain_seq"),
-        prev_hash: r.get("prev_hash"),
-        hash: r.get("hash"),
-        instance: r.get("instance"),
-        flags: r.get("flags"),
-        event: AuditEvent {
-            at: r.get("at"),
-            event_type: r.get("event_type"),
-            outcome: r.get("outcome"),
-            agent: r.get("agent"),
-            client_id: r.get("client_id"),
-            jti: r.get("jti"),
-            admin_user: r.get("admin_user"),
-            tool: r.get("tool"),
-            resource: r.get("resource"),
-            remote_addr: r.get("remote_addr"),
-            user_agent: r.get("user_agent"),
-            request_id: r.get("request_id"),
-            call_id: r.get("call_id"),
-            exit_code: r.get("exit_code"),
-            error: r.get("error"),
-            latency_us: r.get("latency_us"),
-            bytes_in: r.get("bytes_in"),
-            bytes_out: r.get("bytes_out"),
-            arguments: r.get("arguments"),
-            result_sha256: r.get("result_sha256"),
-            result: r.get("result"),
-            details: r.get("details"),
-            person: r.get("person"),
-        },
+/// A row of `audit_events` as stored: read by [`get`] (`query_as!`, checked at compile time)
+/// and, by column name, by the queries built at run time.
+#[derive(sqlx::FromRow)]
+struct AuditRow {
+    id: i64,
+    at: DateTime<Utc>,
+    chain: String,
+    chain_seq: i64,
+    prev_hash: String,
+    hash: String,
+    instance: String,
+    event_type: String,
+    outcome: String,
+    agent: Option<String>,
+    client_id: Option<String>,
+    jti: Option<String>,
+    admin_user: Option<String>,
+    tool: Option<String>,
+    resource: Option<String>,
+    remote_addr: Option<String>,
+    user_agent: Option<String>,
+    request_id: Option<String>,
+    call_id: Option<String>,
+    exit_code: Option<i32>,
+    error: Option<String>,
+    latency_us: Option<i64>,
+    bytes_in: Option<i64>,
+    bytes_out: Option<i64>,
+    arguments: Option<String>,
+    result_sha256: Option<String>,
+    result: Option<String>,
+    details: Option<String>,
+    flags: Option<String>,
+    person: Option<String>,
+}
+
+impl From<AuditRow> for ChainedEvent {
+    fn from(r: AuditRow) -> Self {
+        ChainedEvent {
+            id: Some(r.id),
+            chain: r.chain,
+            chain_seq: r.chain_seq,
+            prev_hash: r.prev_hash,
+            hash: r.hash,
+            instance: r.instance,
+            flags: r.flags,
+            event: AuditEvent {
+                at: r.at,
+                event_type: r.event_type,
+                outcome: r.outcome,
+                agent: r.agent,
+                client_id: r.client_id,
+                jti: r.jti,
+                admin_user: r.admin_user,
+                tool: r.tool,
+                resource: r.resource,
+                remote_addr: r.remote_addr,
+                user_agent: r.user_agent,
+                request_id: r.request_id,
+                call_id: r.call_id,
+                exit_code: r.exit_code,
+                error: r.error,
+                latency_us: r.latency_us,
+                bytes_in: r.bytes_in,
+                bytes_out: r.bytes_out,
+                arguments: r.arguments,
+                result_sha256: r.result_sha256,
+                result: r.result,
+                details: r.details,
+                person: r.person,
+            },
+        }
     }
 }
 
@@ -247,6 +291,10 @@ impl AuditFilter {
             .any(|v| v.as_ref().is_some_and(|v| !v.is_empty()))
     }
 
+    /// Adds the filters that are set to a query built at run time. The reads below stay
+    /// dynamic for this: a fixed text with `($n IS NULL OR col = $n)` for every filter is one
+    /// plan for all combinations, which cannot pick the index of the filter that is set
+    /// (`agent`, `at`) nor skip the month partitions outside `since`..`until`.
     fn push(&self, qb: &mut QueryBuilder<'_, Postgres>) {
         qb.push(" WHERE TRUE");
         if let Some(v) = self.since {
@@ -276,6 +324,7 @@ pub async fn list(
     before_id: Option<i64>,
     limit: i64,
 ) -> sqlx::Result<Vec<ChainedEvent>> {
+    // Built at run time, for its filters: see `AuditFilter::push`.
     let mut qb = QueryBuilder::new(format!("SELECT {COLUMNS} FROM audit_events"));
     filter.push(&mut qb);
     if let Some(b) = before_id {
@@ -283,23 +332,27 @@ pub async fn list(
     }
     qb.push(" ORDER BY id DESC LIMIT ").push_bind(limit);
     Ok(qb
-        .build()
+        .build_query_as::<AuditRow>()
         .fetch_all(pool)
         .await?
-        .iter()
-        .map(from_row)
+        .into_iter()
+        .map(ChainedEvent::from)
         .collect())
 }
 
 pub async fn get(pool: &PgPool, id: i64) -> sqlx::Result<Option<ChainedEvent>> {
-    Ok(
-        sqlx::query(&format!("SELECT {COLUMNS} FROM audit_events WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(pool)
-            .await?
-            .as_ref()
-            .map(from_row),
+    Ok(sqlx::query_as!(
+        AuditRow,
+        "SELECT id, at, chain, chain_seq, prev_hash, hash, instance, event_type, outcome, agent,
+                client_id, jti, admin_user, tool, resource, remote_addr, user_agent, request_id,
+                call_id, exit_code, error, latency_us, bytes_in, bytes_out, arguments,
+                result_sha256, result, details, flags, person
+         FROM audit_events WHERE id = $1",
+        id,
     )
+    .fetch_optional(pool)
+    .await?
+    .map(ChainedEvent::from))
 }
 
 /// Streams matching rows in chain order, holding one row at a time: constant memory for any
@@ -317,13 +370,14 @@ fn async_stream(
 ) -> impl Stream<Item = sqlx::Result<ChainedEvent>> + Send + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel::<sqlx::Result<ChainedEvent>>(256);
     tokio::spawn(async move {
+        // Built at run time, for its filters: see `AuditFilter::push`.
         let mut qb = QueryBuilder::new(format!("SELECT {COLUMNS} FROM audit_events"));
         filter.push(&mut qb);
         qb.push(" ORDER BY chain, chain_seq");
-        let query = qb.build();
+        let query = qb.build_query_as::<AuditRow>();
         let mut rows = query.fetch(&pool);
         while let Some(row) = rows.next().await {
-            if tx.send(row.map(|r| from_row(&r))).await.is_err() {
+            if tx.send(row.map(ChainedEvent::from)).await.is_err() {
                 return;
             }
         }
@@ -341,9 +395,10 @@ pub async fn drop_partitions_before(
     cutoff: DateTime<Utc>,
     retention_days: u32,
 ) -> sqlx::Result<Vec<String>> {
-    let names: Vec<String> = sqlx::query_scalar(
-        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-         WHERE i.inhparent = 'audit_events'::regclass ORDER BY c.relname",
+    let names: Vec<String> = sqlx::query_scalar!(
+        r#"SELECT c.relname::text AS "relname!" FROM pg_inherits i
+           JOIN pg_class c ON c.oid = i.inhrelid
+           WHERE i.inhparent = 'audit_events'::regclass ORDER BY c.relname"#
     )
     .fetch_all(pool)
     .await?;
@@ -356,6 +411,8 @@ pub async fn drop_partitions_before(
             continue;
         }
         let mut tx = pool.begin().await?;
+        // This statement and the DROP below name the partition, and a table's name is no bind
+        // parameter: they are built here, from a name `partition_end` parsed as ours.
         let chains: serde_json::Value = sqlx::query_scalar(&format!(
             "SELECT coalesce(jsonb_agg(jsonb_build_object('chain', chain, 'first_seq', first_seq,
                  'last_seq', last_seq, 'last_hash', last_hash, 'rows', n) ORDER BY chain), '[]'::jsonb)
@@ -365,12 +422,12 @@ pub async fn drop_partitions_before(
         ))
         .fetch_one(&mut *tx)
         .await?;
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO audit_retention_ledger (partition, range_end, chains) VALUES ($1, $2, $3)",
+            &name,
+            end,
+            &chains,
         )
-        .bind(&name)
-        .bind(end)
-        .bind(&chains)
         .execute(&mut *tx)
         .await?;
         sqlx::query(&format!("DROP TABLE {name}"))
@@ -407,86 +464,27 @@ fn partition_end(name: &str) -> Option<DateTime<Utc>> {
 
 /// What the database says must exist: chain heads and what retention dropped.
 pub async fn expectations(conn: &mut PgConnection) -> sqlx::Result<Expectations> {
-    let heads = sqlx::query_as::<_, (String, i64, i64, String, i64)>(
-        "SELECT chain, first_seq, last_seq, last_hash, row_count FROM audit_chain_heads ORDER BY chain",
+    let heads = sqlx::query_as!(
+        ChainHead,
+        "SELECT chain, first_seq, last_seq, last_hash, row_count AS rows
+         FROM audit_chain_heads ORDER BY chain"
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let retired = sqlx::query!(
+        "SELECT partition, dropped_at, dropped_by, chains FROM audit_retention_ledger ORDER BY id"
     )
     .fetch_all(&mut *conn)
     .await?
     .into_iter()
-    .map(|(chain, first_seq, last_seq, last_hash, rows)| ChainHead {
-        chain,
-        first_seq,
-        last_seq,
-        last_hash,
-        rows,
-    })
-    .collect();
-    let retired = sqlx::query_as::<_, (String, DateTime<Utc>, String, serde_json::Value)>(
-        "SELECT partition, dropped_at, dropped_by, chains FROM audit_retention_ledger ORDER BY id",
-    )
-    .fetch_all(&mut *conn)
-    .await?
-    .into_iter()
-    .map(|(partition, dropped_at, dropped_by, chains)| Retired {
-        partition,
-        dropped_at,
-        dropped_by,
-        chains: serde_json::from_value(chains).unwrap_or_default(),
+    .map(|r| Retired {
+        partition: r.partition,
+        dropped_at: r.dropped_at,
+        dropped_by: r.dropped_by,
+        chains: serde_json::from_value(r.chains).unwrap_or_default(),
     })
     .collect();
     Ok(Expectations { heads, retired })
-}
-
-/// Stores a signed checkpoint.
-pub async fn insert_checkpoint(pool: &PgPool, c: &SignedCheckpoint) -> sqlx::Result<i64> {
-    sqlx::query_scalar(
-        "INSERT INTO audit_checkpoints (at, key_id, body, signature) VALUES ($1, $2, $3, $4) RETURNING id",
-    )
-    .bind(c.at)
-    .bind(&c.key_id)
-    .bind(&c.body)
-    .bind(&c.signature)
-    .fetch_one(pool)
-    .await
-}
-
-/// Calls `each` on every stored checkpoint with an id above `after`, oldest first, one row
-/// in memory at a time (a serving instance signs one every few seconds while rows arrive).
-pub async fn each_checkpoint<E: From<sqlx::Error>>(
-    conn: &mut PgConnection,
-    after: Option<i64>,
-    mut each: impl FnMut(SignedCheckpoint) -> Result<(), E>,
-) -> Result<(), E> {
-    let mut rows = sqlx::query_as::<_, (i64, DateTime<Utc>, String, String, String)>(
-        "SELECT id, at, key_id, body, signature FROM audit_checkpoints WHERE id > $1 ORDER BY id",
-    )
-    .bind(after.unwrap_or(0))
-    .fetch(&mut *conn);
-    while let Some(row) = rows.next().await {
-        let (id, at, key_id, body, signature) = row?;
-        each(SignedCheckpoint {
-            id: Some(id),
-            at,
-            key_id,
-            body,
-            signature,
-        })?;
-    }
-    Ok(())
-}
-
-/// The stored checkpoints a verifier needs (see [`Needed`]): per key and chain, the one
-/// that signed the chain furthest.
-///
-/// [`Needed`]: crate::audit::checkpoint::Needed
-pub async fn needed_checkpoints(conn: &mut PgConnection) -> sqlx::Result<Vec<SignedCheckpoint>> {
-    let mut needed = crate::audit::checkpoint::Needed::default();
-    each_checkpoint::<sqlx::Error>(conn, None, |c| {
-        needed.offer(c);
-        Ok(())
-    })
-    .await?;
-    Ok(needed.into_vec())
 }
 
 /// An export or a verification pass: first what must exist (read in the same snapshot as
@@ -508,11 +506,11 @@ pub fn snapshot(
     tokio::spawn(async move {
         let run = async {
             let mut conn = pool.acquire().await?;
-            sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            sqlx::query!("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 .execute(&mut *conn)
                 .await?;
             let expect = expectations(&mut conn).await?;
-            let checkpoints = needed_checkpoints(&mut conn).await?;
+            let checkpoints = super::checkpoints::needed_checkpoints(&mut conn).await?;
             if tx
                 .send(Ok(Snapshot::Expect(Box::new((expect, checkpoints)))))
                 .await
@@ -520,22 +518,19 @@ pub fn snapshot(
             {
                 return Ok(());
             }
+            // Built at run time, for its filters: see `AuditFilter::push`.
             let mut qb = QueryBuilder::new(format!("SELECT {COLUMNS} FROM audit_events"));
             filter.push(&mut qb);
             qb.push(" ORDER BY chain, chain_seq");
-            let query = qb.build();
+            let query = qb.build_query_as::<AuditRow>();
             let mut rows = query.fetch(&mut *conn);
             while let Some(row) = rows.next().await {
-                if tx
-                    .send(row.map(|r| Snapshot::Row(from_row(&r))))
-                    .await
-                    .is_err()
-                {
+                if tx.send(row.map(|r| Snapshot::Row(r.into()))).await.is_err() {
                     return Ok(());
                 }
             }
             drop(rows);
-            sqlx::query("COMMIT").execute(&mut *conn).await?;
+            sqlx::query!("COMMIT").execute(&mut *conn).await?;
             Ok::<_, sqlx::Error>(())
         };
         if let Err(e) = run.await {
@@ -547,13 +542,13 @@ pub fn snapshot(
 
 /// Calls and denials since `since`, for the dashboard.
 pub async fn counts_since(pool: &PgPool, since: DateTime<Utc>) -> sqlx::Result<(i64, i64)> {
-    let row = sqlx::query(
-        "SELECT count(*) FILTER (WHERE event_type = 'tool.result'),
-                count(*) FILTER (WHERE outcome IN ('denied', 'rate_limited'))
-         FROM audit_events WHERE at >= $1",
+    let row = sqlx::query!(
+        r#"SELECT count(*) FILTER (WHERE event_type = 'tool.result') AS "calls!",
+                  count(*) FILTER (WHERE outcome IN ('denied', 'rate_limited')) AS "denials!"
+           FROM audit_events WHERE at >= $1"#,
+        since,
     )
-    .bind(since)
     .fetch_one(pool)
     .await?;
-    Ok((row.get(0), row.get(1)))
+    Ok((row.calls, row.denials))
 }

@@ -1,263 +1,28 @@
-//! Interactive hosts: who may act as which agent, public clients registered by an admin,
-//! consents (authorizations) with their codes and refresh tokens.
+//! Consents (authorizations) of people to interactive hosts, with their codes and refresh
+//! tokens.
 //!
 //! Codes and refresh tokens are stored as sha256 only: a copy of the database is not a set
 //! of working credentials.
 
-use std::collections::HashMap;
-
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::json;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::record_change;
 use crate::policy::snapshot::LiveAuthorization;
 
-/// Usernames allowed to act as each agent, by agent id.
-pub async fn agent_users(conn: &mut PgConnection) -> sqlx::Result<HashMap<Uuid, Vec<String>>> {
-    let mut out: HashMap<Uuid, Vec<String>> = HashMap::new();
-    for r in sqlx::query("SELECT agent_id, username FROM agent_users ORDER BY username")
-        .fetch_all(&mut *conn)
-        .await?
-    {
-        out.entry(r.get(0)).or_default().push(r.get(1));
-    }
-    Ok(out)
-}
-
 /// Authorizations that are neither revoked nor past their last refresh token.
 pub async fn live(conn: &mut PgConnection) -> sqlx::Result<Vec<LiveAuthorization>> {
-    Ok(sqlx::query(
-        "SELECT z.id, z.client_id, a.name, z.username FROM oauth_authorizations z
+    sqlx::query_as!(
+        LiveAuthorization,
+        "SELECT z.id, z.client_id, a.name AS agent, z.username FROM oauth_authorizations z
          JOIN agents a ON a.id = z.agent_id
-         WHERE z.revoked_at IS NULL AND z.expires_at > now()",
+         WHERE z.revoked_at IS NULL AND z.expires_at > now()"
     )
     .fetch_all(&mut *conn)
-    .await?
-    .into_iter()
-    .map(|r| LiveAuthorization {
-        id: r.get(0),
-        client_id: r.get(1),
-        agent: r.get(2),
-        username: r.get(3),
-    })
-    .collect())
-}
-
-/// Lets `username` act as `agent`; `false` if the agent does not exist.
-pub async fn add_agent_user(
-    conn: &mut PgConnection,
-    actor: &str,
-    agent: &str,
-    username: &str,
-) -> sqlx::Result<bool> {
-    let Some(agent_id) = super::policy::agent_id(conn, agent).await? else {
-        return Ok(false);
-    };
-    let inserted = sqlx::query(
-        "INSERT INTO agent_users (agent_id, username) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-    )
-    .bind(agent_id)
-    .bind(username)
-    .execute(&mut *conn)
-    .await?;
-    if inserted.rows_affected() > 0 {
-        record_change(
-            conn,
-            actor,
-            "agent.user.add",
-            &format!("agent:{agent}/user:{username}"),
-            None,
-            Some(json!({"agent": agent, "username": username})),
-        )
-        .await?;
-    }
-    Ok(true)
-}
-
-/// Stops `username` acting as `agent`, and revokes what they authorized for it: the mapping
-/// is what the consent rested on. `false` if there was no such mapping.
-pub async fn remove_agent_user(
-    conn: &mut PgConnection,
-    actor: &str,
-    agent: &str,
-    username: &str,
-) -> sqlx::Result<bool> {
-    let Some(agent_id) = super::policy::agent_id(conn, agent).await? else {
-        return Ok(false);
-    };
-    let gone = sqlx::query("DELETE FROM agent_users WHERE agent_id = $1 AND username = $2")
-        .bind(agent_id)
-        .bind(username)
-        .execute(&mut *conn)
-        .await?;
-    if gone.rows_affected() == 0 {
-        return Ok(false);
-    }
-    record_change(
-        conn,
-        actor,
-        "agent.user.remove",
-        &format!("agent:{agent}/user:{username}"),
-        Some(json!({"agent": agent, "username": username})),
-        None,
-    )
-    .await?;
-    let ids: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM oauth_authorizations WHERE agent_id = $1 AND username = $2 AND revoked_at IS NULL",
-    )
-    .bind(agent_id)
-    .bind(username)
-    .fetch_all(&mut *conn)
-    .await?;
-    for id in ids {
-        revoke(
-            conn,
-            actor,
-            id,
-            None,
-            "the person may no longer act as the agent",
-        )
-        .await?;
-    }
-    Ok(true)
-}
-
-/// Replaces the users of an agent (for `policy apply`), recording each difference.
-pub async fn set_agent_users(
-    conn: &mut PgConnection,
-    actor: &str,
-    agent: &str,
-    users: &[String],
-) -> sqlx::Result<()> {
-    let Some(agent_id) = super::policy::agent_id(conn, agent).await? else {
-        return Ok(());
-    };
-    let current: Vec<String> =
-        sqlx::query_scalar("SELECT username FROM agent_users WHERE agent_id = $1")
-            .bind(agent_id)
-            .fetch_all(&mut *conn)
-            .await?;
-    for u in current.iter().filter(|u| !users.contains(u)) {
-        remove_agent_user(conn, actor, agent, u).await?;
-    }
-    for u in users.iter().filter(|u| !current.contains(u)) {
-        add_agent_user(conn, actor, agent, u).await?;
-    }
-    Ok(())
-}
-
-/// A public client an admin registered.
-#[derive(Debug, Clone, Serialize)]
-pub struct PublicClient {
-    pub client_id: String,
-    pub client_name: String,
-    pub redirect_uris: Vec<String>,
-    pub created_by: String,
-    pub created_at: DateTime<Utc>,
-}
-
-fn public_client(r: &sqlx::postgres::PgRow) -> PublicClient {
-    PublicClient {
-        client_id: r.get(0),
-        client_name: r.get(1),
-        redirect_uris: r.get(2),
-        created_by: r.get(3),
-        created_at: r.get(4),
-    }
-}
-
-pub async fn public_client_by_id(
-    pool: &PgPool,
-    client_id: &str,
-) -> sqlx::Result<Option<PublicClient>> {
-    Ok(sqlx::query(
-        "SELECT client_id, client_name, redirect_uris, created_by, created_at
-         FROM oauth_public_clients WHERE client_id = $1",
-    )
-    .bind(client_id)
-    .fetch_optional(pool)
-    .await?
-    .as_ref()
-    .map(public_client))
-}
-
-pub async fn public_clients(pool: &PgPool) -> sqlx::Result<Vec<PublicClient>> {
-    Ok(sqlx::query(
-        "SELECT client_id, client_name, redirect_uris, created_by, created_at
-         FROM oauth_public_clients ORDER BY client_id",
-    )
-    .fetch_all(pool)
-    .await?
-    .iter()
-    .map(public_client)
-    .collect())
-}
-
-/// Registers (or replaces) a public client.
-pub async fn put_public_client(
-    conn: &mut PgConnection,
-    actor: &str,
-    client_id: &str,
-    client_name: &str,
-    redirect_uris: &[String],
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO oauth_public_clients (client_id, client_name, redirect_uris, created_by)
-         VALUES ($1, $2, $3, $4)
-         ON CONFLICT (client_id) DO UPDATE SET client_name = $2, redirect_uris = $3",
-    )
-    .bind(client_id)
-    .bind(client_name)
-    .bind(redirect_uris)
-    .bind(actor)
-    .execute(&mut *conn)
-    .await?;
-    record_change(
-        conn,
-        actor,
-        "public_client.put",
-        &format!("public_client:{client_id}"),
-        None,
-        Some(json!({"client_id": client_id, "client_name": client_name, "redirect_uris": redirect_uris})),
-    )
     .await
-}
-
-pub async fn delete_public_client(
-    conn: &mut PgConnection,
-    actor: &str,
-    client_id: &str,
-) -> sqlx::Result<bool> {
-    let gone = sqlx::query("DELETE FROM oauth_public_clients WHERE client_id = $1")
-        .bind(client_id)
-        .execute(&mut *conn)
-        .await?;
-    if gone.rows_affected() == 0 {
-        return Ok(false);
-    }
-    record_change(
-        conn,
-        actor,
-        "public_client.delete",
-        &format!("public_client:{client_id}"),
-        Some(json!({"client_id": client_id})),
-        None,
-    )
-    .await?;
-    // Its consents go with it: the host can no longer be told apart from an impostor.
-    let ids: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM oauth_authorizations WHERE client_id = $1 AND revoked_at IS NULL",
-    )
-    .bind(client_id)
-    .fetch_all(&mut *conn)
-    .await?;
-    for id in ids {
-        revoke(conn, actor, id, None, "the client was deleted").await?;
-    }
-    Ok(true)
 }
 
 /// A consent, as its person and the admins see it.
@@ -280,30 +45,17 @@ pub async fn list(
     pool: &PgPool,
     username: Option<&str>,
 ) -> sqlx::Result<Vec<AuthorizationSummary>> {
-    Ok(sqlx::query(
-        "SELECT z.id, z.client_id, z.client_name, a.name, z.username, z.scope, z.created_at,
-                z.expires_at, z.revoked_at, z.revoked_by
+    sqlx::query_as!(
+        AuthorizationSummary,
+        "SELECT z.id, z.client_id, z.client_name, a.name AS agent, z.username, z.scope,
+                z.created_at, z.expires_at, z.revoked_at, z.revoked_by
          FROM oauth_authorizations z JOIN agents a ON a.id = z.agent_id
          WHERE ($1::text IS NULL OR z.username = $1)
          ORDER BY z.created_at DESC LIMIT 500",
+        username,
     )
-    .bind(username)
     .fetch_all(pool)
-    .await?
-    .into_iter()
-    .map(|r| AuthorizationSummary {
-        id: r.get(0),
-        client_id: r.get(1),
-        client_name: r.get(2),
-        agent: r.get(3),
-        username: r.get(4),
-        scope: r.get(5),
-        created_at: r.get(6),
-        expires_at: r.get(7),
-        revoked_at: r.get(8),
-        revoked_by: r.get(9),
-    })
-    .collect())
+    .await
 }
 
 /// What a person consented to, and the code that carries it to the host.
@@ -328,36 +80,36 @@ pub async fn create(
     actor: &str,
     n: &NewAuthorization<'_>,
 ) -> sqlx::Result<bool> {
-    let inserted = sqlx::query(
+    let inserted = sqlx::query!(
         "INSERT INTO oauth_authorizations (id, client_id, client_name, agent_id, username, scope, expires_at)
          SELECT $1, $2, $3, a.id, $5, $6, $7 FROM agents a
          JOIN agent_users u ON u.agent_id = a.id AND u.username = $5
          WHERE a.name = $4",
+        n.id,
+        n.client_id,
+        n.client_name,
+        n.agent,
+        n.username,
+        n.scope,
+        // Until the code is exchanged for the first refresh token.
+        n.code_expires,
     )
-    .bind(n.id)
-    .bind(n.client_id)
-    .bind(n.client_name)
-    .bind(n.agent)
-    .bind(n.username)
-    .bind(n.scope)
-    // Until the code is exchanged for the first refresh token.
-    .bind(n.code_expires)
     .execute(&mut *conn)
     .await?;
     if inserted.rows_affected() == 0 {
         return Ok(false);
     }
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO oauth_codes (code_hash, authorization_id, client_id, redirect_uri, code_challenge, resource, expires_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        n.code_hash,
+        n.id,
+        n.client_id,
+        n.redirect_uri,
+        n.code_challenge,
+        n.resource,
+        n.code_expires,
     )
-    .bind(n.code_hash)
-    .bind(n.id)
-    .bind(n.client_id)
-    .bind(n.redirect_uri)
-    .bind(n.code_challenge)
-    .bind(n.resource)
-    .bind(n.code_expires)
     .execute(&mut *conn)
     .await?;
     record_change(
@@ -400,33 +152,25 @@ pub enum Taken<T> {
 
 /// Marks a code used, once: concurrent exchanges of one code see one winner.
 pub async fn take_code(conn: &mut PgConnection, code_hash: &str) -> sqlx::Result<Taken<TakenCode>> {
-    let row = sqlx::query(
+    let taken = sqlx::query_as!(
+        TakenCode,
         "UPDATE oauth_codes c SET used_at = now()
          FROM oauth_authorizations z JOIN agents a ON a.id = z.agent_id
          WHERE c.code_hash = $1 AND c.used_at IS NULL AND c.expires_at > now()
            AND z.id = c.authorization_id AND z.revoked_at IS NULL
          RETURNING c.authorization_id, c.client_id, c.redirect_uri, c.code_challenge, c.resource,
-                   a.name, z.username, z.scope",
+                   a.name AS agent, z.username, z.scope",
+        code_hash,
     )
-    .bind(code_hash)
     .fetch_optional(&mut *conn)
     .await?;
-    if let Some(r) = row {
-        return Ok(Taken::Ok(TakenCode {
-            authorization_id: r.get(0),
-            client_id: r.get(1),
-            redirect_uri: r.get(2),
-            code_challenge: r.get(3),
-            resource: r.get(4),
-            agent: r.get(5),
-            username: r.get(6),
-            scope: r.get(7),
-        }));
+    if let Some(taken) = taken {
+        return Ok(Taken::Ok(taken));
     }
-    let used: Option<Uuid> = sqlx::query_scalar(
+    let used: Option<Uuid> = sqlx::query_scalar!(
         "SELECT authorization_id FROM oauth_codes WHERE code_hash = $1 AND used_at IS NOT NULL",
+        code_hash,
     )
-    .bind(code_hash)
     .fetch_optional(&mut *conn)
     .await?;
     Ok(used.map_or(Taken::Invalid, Taken::Replayed))
@@ -447,29 +191,24 @@ pub async fn take_refresh(
     conn: &mut PgConnection,
     token_hash: &str,
 ) -> sqlx::Result<Taken<TakenRefresh>> {
-    let row = sqlx::query(
+    let taken = sqlx::query_as!(
+        TakenRefresh,
         "UPDATE oauth_refresh_tokens t SET used_at = now()
          FROM oauth_authorizations z JOIN agents a ON a.id = z.agent_id
          WHERE t.token_hash = $1 AND t.used_at IS NULL AND t.expires_at > now()
            AND z.id = t.authorization_id AND z.revoked_at IS NULL
-         RETURNING t.authorization_id, z.client_id, a.name, z.username, z.scope",
+         RETURNING t.authorization_id, z.client_id, a.name AS agent, z.username, z.scope",
+        token_hash,
     )
-    .bind(token_hash)
     .fetch_optional(&mut *conn)
     .await?;
-    if let Some(r) = row {
-        return Ok(Taken::Ok(TakenRefresh {
-            authorization_id: r.get(0),
-            client_id: r.get(1),
-            agent: r.get(2),
-            username: r.get(3),
-            scope: r.get(4),
-        }));
+    if let Some(taken) = taken {
+        return Ok(Taken::Ok(taken));
     }
-    let used: Option<Uuid> = sqlx::query_scalar(
+    let used: Option<Uuid> = sqlx::query_scalar!(
         "SELECT authorization_id FROM oauth_refresh_tokens WHERE token_hash = $1 AND used_at IS NOT NULL",
+        token_hash,
     )
-    .bind(token_hash)
     .fetch_optional(&mut *conn)
     .await?;
     Ok(used.map_or(Taken::Invalid, Taken::Replayed))
@@ -482,20 +221,22 @@ pub async fn insert_refresh(
     token_hash: &str,
     expires_at: DateTime<Utc>,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO oauth_refresh_tokens (token_hash, authorization_id, expires_at) VALUES ($1, $2, $3)",
+        token_hash,
+        authorization_id,
+        expires_at,
     )
-    .bind(token_hash)
-    .bind(authorization_id)
-    .bind(expires_at)
     .execute(&mut *conn)
     .await?;
     // Used refresh tokens are kept until the authorization ends, so that a replay is seen.
-    sqlx::query("UPDATE oauth_authorizations SET expires_at = $2 WHERE id = $1")
-        .bind(authorization_id)
-        .bind(expires_at)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query!(
+        "UPDATE oauth_authorizations SET expires_at = $2 WHERE id = $1",
+        authorization_id,
+        expires_at,
+    )
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 
@@ -509,23 +250,25 @@ pub async fn revoke(
     username: Option<&str>,
     reason: &str,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(
+    let done = sqlx::query!(
         "UPDATE oauth_authorizations SET revoked_at = now(), revoked_by = $2, revoked_reason = $4
          WHERE id = $1 AND revoked_at IS NULL AND ($3::text IS NULL OR username = $3)",
+        id,
+        actor,
+        username,
+        reason,
     )
-    .bind(id)
-    .bind(actor)
-    .bind(username)
-    .bind(reason)
     .execute(&mut *conn)
     .await?;
     if done.rows_affected() == 0 {
         return Ok(false);
     }
-    sqlx::query("DELETE FROM oauth_refresh_tokens WHERE authorization_id = $1")
-        .bind(id)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query!(
+        "DELETE FROM oauth_refresh_tokens WHERE authorization_id = $1",
+        id,
+    )
+    .execute(&mut *conn)
+    .await?;
     record_change(
         conn,
         actor,
@@ -546,10 +289,10 @@ pub async fn revoke_all_of(
     username: &str,
     reason: &str,
 ) -> sqlx::Result<usize> {
-    let ids: Vec<Uuid> = sqlx::query_scalar(
+    let ids: Vec<Uuid> = sqlx::query_scalar!(
         "SELECT id FROM oauth_authorizations WHERE username = $1 AND revoked_at IS NULL",
+        username,
     )
-    .bind(username)
     .fetch_all(&mut *conn)
     .await?;
     let mut revoked = 0;
@@ -564,7 +307,7 @@ pub async fn revoke_all_of(
 /// Drops codes past their life (used or not) once no replay of them can matter.
 pub async fn prune_codes(pool: &PgPool) -> sqlx::Result<u64> {
     Ok(
-        sqlx::query("DELETE FROM oauth_codes WHERE expires_at < now() - interval '1 day'")
+        sqlx::query!("DELETE FROM oauth_codes WHERE expires_at < now() - interval '1 day'")
             .execute(pool)
             .await?
             .rows_affected(),
@@ -576,13 +319,13 @@ pub async fn of_refresh_token(
     pool: &PgPool,
     token_hash: &str,
 ) -> sqlx::Result<Option<(Uuid, String)>> {
-    Ok(sqlx::query(
+    Ok(sqlx::query!(
         "SELECT z.id, z.client_id FROM oauth_refresh_tokens t
          JOIN oauth_authorizations z ON z.id = t.authorization_id
          WHERE t.token_hash = $1",
+        token_hash,
     )
-    .bind(token_hash)
     .fetch_optional(pool)
     .await?
-    .map(|r| (r.get(0), r.get(1))))
+    .map(|r| (r.id, r.client_id)))
 }

@@ -20,21 +20,24 @@ pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Resul
         .tools()
         .map(|t| t.name.as_str().to_owned())
         .collect();
-    sqlx::query("DELETE FROM tools WHERE origin = $1 AND NOT (name = ANY($2))")
-        .bind(origin)
-        .bind(&names)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query!(
+        "DELETE FROM tools WHERE origin = $1 AND NOT (name = ANY($2))",
+        origin,
+        &names,
+    )
+    .execute(&mut *tx)
+    .await?;
     drop(names);
     // What is already there: a row is current when its hash and origin match and it has its
     // definition (the condition the upsert below also checks, for a concurrent writer).
-    let current: HashMap<String, String> = sqlx::query_as::<_, (String, String)>(
+    let current: HashMap<String, String> = sqlx::query!(
         "SELECT name, content_hash FROM tools WHERE origin = $1 AND definition IS NOT NULL",
+        origin,
     )
-    .bind(origin)
     .fetch_all(&mut *tx)
     .await?
     .into_iter()
+    .map(|r| (r.name, r.content_hash))
     .collect();
     let stale: Vec<_> = catalog
         .tools()
@@ -46,33 +49,23 @@ pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Resul
         .collect();
     drop(current);
     for batch in stale.chunks(BATCH) {
-        let mut cols: [Vec<Option<String>>; 8] = Default::default();
+        let (mut name, mut group, mut title, mut description) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut schema, mut hash, mut source, mut definition) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for t in batch {
-            let row = [
-                Some(t.name.as_str().to_owned()),
-                Some(t.group().to_owned()),
-                t.title.clone(),
-                t.description.clone(),
-                Some(t.input_schema.text().to_owned()),
-                Some(t.content_hash.hex()),
-                Some(t.source.label().to_owned()),
-                Some(t.definition().to_string()),
-            ];
-            for (col, v) in cols.iter_mut().zip(row) {
-                col.push(v);
-            }
+            name.push(t.name.as_str().to_owned());
+            group.push(t.group().to_owned());
+            title.push(t.title.clone());
+            description.push(t.description.clone());
+            schema.push(t.input_schema.text().to_owned());
+            hash.push(t.content_hash.hex());
+            source.push(t.source.label().to_owned());
+            definition.push(t.definition().to_string());
         }
-        let [
-            name,
-            group,
-            title,
-            description,
-            schema,
-            hash,
-            source,
-            definition,
-        ] = cols;
-        sqlx::query(
+        // Titles and descriptions may be NULL: the macros check no `Option` inside an array, so
+        // those two arguments go unchecked (`as _`).
+        sqlx::query!(
             "INSERT INTO tools (name, group_name, title, description, input_schema, content_hash, source, origin, definition)
              SELECT n, g, t, d, s::jsonb, h, src, $8, def::jsonb
              FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $9::text[])
@@ -83,16 +76,16 @@ pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Resul
                  definition = EXCLUDED.definition, updated_at = now()
              WHERE tools.content_hash IS DISTINCT FROM EXCLUDED.content_hash OR tools.origin <> EXCLUDED.origin
                  OR tools.definition IS NULL",
+            &name,
+            &group,
+            title as _,
+            description as _,
+            &schema,
+            &hash,
+            &source,
+            origin,
+            &definition,
         )
-        .bind(name)
-        .bind(group)
-        .bind(title)
-        .bind(description)
-        .bind(schema)
-        .bind(hash)
-        .bind(source)
-        .bind(origin)
-        .bind(definition)
         .execute(&mut *tx)
         .await?;
     }
@@ -101,7 +94,7 @@ pub async fn sync(pool: &PgPool, catalog: &Catalog, origin: &str) -> sqlx::Resul
 
 /// Tool names currently in the table, for checks run without loading the pool.
 pub async fn names(pool: &PgPool) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar("SELECT name FROM tools ORDER BY name")
+    sqlx::query_scalar!("SELECT name FROM tools ORDER BY name")
         .fetch_all(pool)
         .await
 }

@@ -1,15 +1,32 @@
-//! All SQL lives under this module. The rest of the code speaks in domain types.
+//! All SQL lives under this module, one file per aggregate (the table or tables that change
+//! together); the rest of the code speaks in domain types. [`snapshot`] reads them all for
+//! the policy snapshot, [`locks`] names the advisory locks.
 
 pub mod accounts;
-pub mod admin;
+pub mod agent_users;
+pub mod agents;
+pub mod arguments;
 pub mod assertions;
 pub mod audit;
 pub mod authorizations;
 pub mod catalog;
+pub mod checkpoints;
+pub mod clients;
+pub mod grants;
+pub mod groups;
+pub mod keys;
+pub mod limits;
+pub mod locks;
+pub mod password_resets;
 pub mod pins;
-pub mod policy;
+pub mod public_clients;
+pub mod revocations;
 pub mod roles;
+pub mod sessions;
 pub mod signin;
+pub mod snapshot;
+pub mod sso_flows;
+pub mod upstreams;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -124,6 +141,8 @@ async fn create_database(options: &PgConnectOptions, shown: &str) -> Result<(), 
             url: shown.to_owned(),
             reason: e.to_string(),
         })?;
+    // A database's name is no bind parameter (and the query macros need a database to check
+    // against): built here, quoted as an identifier.
     let sql = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
     match sqlx::query(&sql).execute(&mut conn).await {
         Ok(_) => {
@@ -138,6 +157,14 @@ async fn create_database(options: &PgConnectOptions, shown: &str) -> Result<(), 
             reason: e.to_string(),
         }),
     }
+}
+
+/// Whether the database answers (readiness, and the audit log's recovery check).
+pub async fn ping(pool: &PgPool) -> sqlx::Result<()> {
+    sqlx::query_scalar!(r#"SELECT 1 AS "one!""#)
+        .fetch_one(pool)
+        .await
+        .map(|_| ())
 }
 
 /// Applies pending migrations (sqlx takes an advisory lock, so instances may race safely).

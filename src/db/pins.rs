@@ -8,9 +8,8 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{Value, json};
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 
-use super::record_change;
 use crate::audit::{AuditEvent, EventKind, Outcome};
 use crate::policy::snapshot::PinState;
 use crate::pool::{Catalog, Tool, ToolSource};
@@ -22,25 +21,36 @@ pub const FIRST_USE: &str = "first-use";
 /// second, when the tool's content is still the one approved (see [`detect`]).
 pub const HASH_UPGRADE: &str = "hash-upgrade";
 
-/// The groups pinned now: `groups.yaml` (or the API) says `pin: true`, or the group is an
-/// upstream whose spec does not say `pin: false` and `groups.yaml` says nothing.
-const PINNED_GROUPS: &str = "SELECT name FROM tool_groups WHERE pin
-     UNION
-     SELECT u.name FROM upstreams u LEFT JOIN tool_groups g ON g.name = u.name
-     WHERE g.pin IS NULL
-       AND CASE WHEN jsonb_typeof(u.spec->'pin') = 'boolean' THEN (u.spec->'pin')::boolean ELSE true END";
+/// A query macro (`$mac`, with a record type first if it takes one) over `$before`, then the
+/// query of the groups pinned now, then `$after`: the rule is written once, and checked in
+/// each query that uses it (the query macros take only string literals, joined by `+`).
+///
+/// A group is pinned when `groups.yaml` (or the API) says `pin: true`, or it is an upstream
+/// whose spec does not say `pin: false` and `groups.yaml` says nothing.
+macro_rules! with_pinned_groups {
+    ($mac:ident!($($record:ident,)? $before:literal, $after:literal)) => {
+        sqlx::$mac!(
+            $($record,)?
+            $before
+                + r#"SELECT name AS "name!" FROM tool_groups WHERE pin
+                     UNION
+                     SELECT u.name FROM upstreams u LEFT JOIN tool_groups g ON g.name = u.name
+                     WHERE g.pin IS NULL
+                       AND CASE WHEN jsonb_typeof(u.spec->'pin') = 'boolean'
+                           THEN (u.spec->'pin')::boolean ELSE true END"#
+                + $after
+        )
+    };
+}
 
 /// Serialises recording changes with approving them, across instances: a check that finds no
 /// approval must not race an approval being written.
 async fn lock(conn: &mut PgConnection) -> sqlx::Result<()> {
-    sqlx::query("SELECT pg_advisory_xact_lock(7470114)")
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+    super::locks::hold(conn, super::locks::Lock::Pins).await
 }
 
 pub async fn pinned_groups(conn: &mut PgConnection) -> sqlx::Result<BTreeSet<String>> {
-    Ok(sqlx::query_scalar::<_, String>(PINNED_GROUPS)
+    Ok(with_pinned_groups!(query_scalar!("", ""))
         .fetch_all(&mut *conn)
         .await?
         .into_iter()
@@ -50,12 +60,12 @@ pub async fn pinned_groups(conn: &mut PgConnection) -> sqlx::Result<BTreeSet<Str
 /// What the snapshot needs: the pinned groups and every approved hash.
 pub async fn load(conn: &mut PgConnection) -> sqlx::Result<PinState> {
     let groups = pinned_groups(conn).await?.into_iter().collect();
-    let approved =
-        sqlx::query_as::<_, (String, String)>("SELECT name, content_hash FROM tool_approvals")
-            .fetch_all(&mut *conn)
-            .await?
-            .into_iter()
-            .collect();
+    let approved = sqlx::query!("SELECT name, content_hash FROM tool_approvals")
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .map(|r| (r.name, r.content_hash))
+        .collect();
     Ok(PinState { groups, approved })
 }
 
@@ -89,18 +99,18 @@ async fn upsert_approval(
     definition: &Value,
     actor: &str,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO tool_approvals (name, group_name, content_hash, definition, approved_by, approved_at)
          VALUES ($1, $2, $3, $4, $5, now())
          ON CONFLICT (name) DO UPDATE SET group_name = EXCLUDED.group_name,
              content_hash = EXCLUDED.content_hash, definition = EXCLUDED.definition,
              approved_by = EXCLUDED.approved_by, approved_at = EXCLUDED.approved_at",
+        name,
+        group,
+        hash,
+        definition,
+        actor,
     )
-    .bind(name)
-    .bind(group)
-    .bind(hash)
-    .bind(definition)
-    .bind(actor)
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -151,27 +161,29 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let approved: HashMap<String, (String, Value)> = sqlx::query(
+    let approved: HashMap<String, (String, Value)> = sqlx::query!(
         "SELECT name, content_hash, definition FROM tool_approvals WHERE name = ANY($1)",
+        &names,
     )
-    .bind(&names)
     .fetch_all(&mut *tx)
     .await?
     .into_iter()
-    .map(|r| (r.get(0), (r.get(1), r.get(2))))
+    .map(|r| (r.name, (r.content_hash, r.definition)))
     .collect();
-    let pending: HashSet<(String, String)> =
-        sqlx::query_as("SELECT name, content_hash FROM tool_pending WHERE name = ANY($1)")
-            .bind(&names)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect();
-    let known: HashSet<String> = sqlx::query_scalar(
-        "SELECT group_name FROM tool_approvals WHERE group_name = ANY($1)
-         UNION SELECT group_name FROM tool_pending WHERE group_name = ANY($1)",
+    let pending: HashSet<(String, String)> = sqlx::query!(
+        "SELECT name, content_hash FROM tool_pending WHERE name = ANY($1)",
+        &names,
     )
-    .bind(&groups)
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|r| (r.name, r.content_hash))
+    .collect();
+    let known: HashSet<String> = sqlx::query_scalar!(
+        r#"SELECT group_name AS "group_name!" FROM tool_approvals WHERE group_name = ANY($1)
+           UNION SELECT group_name FROM tool_pending WHERE group_name = ANY($1)"#,
+        &groups,
+    )
     .fetch_all(&mut *tx)
     .await?
     .into_iter()
@@ -187,16 +199,16 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
             if let Some(legacy) = crate::pool::loader::legacy_hash(t) {
                 let legacy = legacy.hex();
                 if previous.is_some_and(|(h, _)| *h == legacy) {
-                    let carried = sqlx::query(
+                    let carried = sqlx::query!(
                         "UPDATE tool_approvals SET content_hash = $3, definition = $4,
                              approved_by = $5, approved_at = now()
                          WHERE name = $1 AND content_hash = $2",
+                        name,
+                        &legacy,
+                        t.content_hash.hex(),
+                        t.definition(),
+                        HASH_UPGRADE,
                     )
-                    .bind(name)
-                    .bind(&legacy)
-                    .bind(t.content_hash.hex())
-                    .bind(t.definition())
-                    .bind(HASH_UPGRADE)
                     .execute(&mut *tx)
                     .await?;
                     if carried.rows_affected() == 1 {
@@ -215,15 +227,15 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
                     continue;
                 }
                 // Held under the first form: the same definition, held under the second.
-                let moved = sqlx::query(
+                let moved = sqlx::query!(
                     "UPDATE tool_pending SET content_hash = $3, definition = $4
                      WHERE name = $1 AND content_hash = $2
                        AND NOT EXISTS (SELECT 1 FROM tool_pending WHERE name = $1 AND content_hash = $3)",
+                    name,
+                    &legacy,
+                    t.content_hash.hex(),
+                    t.definition(),
                 )
-                .bind(name)
-                .bind(&legacy)
-                .bind(t.content_hash.hex())
-                .bind(t.definition())
                 .execute(&mut *tx)
                 .await?;
                 if moved.rows_affected() == 1 {
@@ -233,15 +245,15 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
         }
         let upstream = matches!(t.source, ToolSource::Upstream { .. });
         if upstream && !known.contains(t.group()) {
-            let inserted = sqlx::query(
+            let inserted = sqlx::query!(
                 "INSERT INTO tool_approvals (name, group_name, content_hash, definition, approved_by)
                  VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING",
+                name,
+                t.group(),
+                t.content_hash.hex(),
+                t.definition(),
+                FIRST_USE,
             )
-            .bind(name)
-            .bind(t.group())
-            .bind(t.content_hash.hex())
-            .bind(t.definition())
-            .bind(FIRST_USE)
             .execute(&mut *tx)
             .await?;
             if inserted.rows_affected() == 1 {
@@ -261,18 +273,18 @@ pub async fn detect(pool: &PgPool, catalog: &Catalog) -> sqlx::Result<Detected> 
         if pending.contains(&(name.to_owned(), t.content_hash.hex())) {
             continue;
         }
-        let inserted = sqlx::query(
+        let inserted = sqlx::query!(
             "INSERT INTO tool_pending (name, content_hash, group_name, definition, previous_hash,
                  previous_definition, source)
              VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name, content_hash) DO NOTHING",
+            name,
+            t.content_hash.hex(),
+            t.group(),
+            t.definition(),
+            previous.map(|(h, _)| h),
+            previous.map(|(_, d)| d),
+            source_word(t),
         )
-        .bind(name)
-        .bind(t.content_hash.hex())
-        .bind(t.group())
-        .bind(t.definition())
-        .bind(previous.map(|(h, _)| h))
-        .bind(previous.map(|(_, d)| d))
-        .bind(source_word(t))
         .execute(&mut *tx)
         .await?;
         if inserted.rows_affected() == 1 {
@@ -343,23 +355,25 @@ pub async fn baseline(
             )
         })
         .collect();
-    for r in sqlx::query(
-        "SELECT name, content_hash, definition FROM tools
-         WHERE group_name = $1 AND definition IS NOT NULL",
+    for r in sqlx::query!(
+        r#"SELECT name, content_hash, definition AS "definition!" FROM tools
+           WHERE group_name = $1 AND definition IS NOT NULL"#,
+        group,
     )
-    .bind(group)
     .fetch_all(&mut *conn)
     .await?
     {
-        defs.entry(r.get(0)).or_insert((r.get(1), r.get(2)));
+        defs.entry(r.name).or_insert((r.content_hash, r.definition));
     }
-    let current: HashMap<String, String> =
-        sqlx::query_as("SELECT name, content_hash FROM tool_approvals WHERE group_name = $1")
-            .bind(group)
-            .fetch_all(&mut *conn)
-            .await?
-            .into_iter()
-            .collect();
+    let current: HashMap<String, String> = sqlx::query!(
+        "SELECT name, content_hash FROM tool_approvals WHERE group_name = $1",
+        group,
+    )
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .map(|r| (r.name, r.content_hash))
+    .collect();
     let mut n = 0;
     for (name, (hash, definition)) in &defs {
         let previous = current.get(name);
@@ -367,8 +381,7 @@ pub async fn baseline(
             continue;
         }
         upsert_approval(conn, name, group, hash, definition, actor).await?;
-        sqlx::query("DELETE FROM tool_pending WHERE name = $1")
-            .bind(name)
+        sqlx::query!("DELETE FROM tool_pending WHERE name = $1", name)
             .execute(&mut *conn)
             .await?;
         audit(
@@ -402,28 +415,15 @@ pub struct PendingTool {
 
 /// Pending definitions of the groups pinned now, newest first.
 pub async fn pending(conn: &mut PgConnection) -> sqlx::Result<Vec<PendingTool>> {
-    Ok(sqlx::query(&format!(
-        "SELECT name, group_name, content_hash, definition, previous_hash, previous_definition,
-                source, first_seen, rejected_by, rejected_at
-         FROM tool_pending WHERE group_name IN ({PINNED_GROUPS})
-         ORDER BY first_seen DESC, name"
+    with_pinned_groups!(query_as!(
+        PendingTool,
+        "SELECT name, group_name AS group, content_hash AS hash, definition, previous_hash,
+                previous_definition, source, first_seen, rejected_by, rejected_at
+         FROM tool_pending WHERE group_name IN (",
+        ") ORDER BY first_seen DESC, name"
     ))
     .fetch_all(&mut *conn)
-    .await?
-    .into_iter()
-    .map(|r| PendingTool {
-        name: r.get(0),
-        group: r.get(1),
-        hash: r.get(2),
-        definition: r.get(3),
-        previous_hash: r.get(4),
-        previous_definition: r.get(5),
-        source: r.get(6),
-        first_seen: r.get(7),
-        rejected_by: r.get(8),
-        rejected_at: r.get(9),
-    })
-    .collect())
+    .await
 }
 
 /// What an approval or a rejection decided.
@@ -444,18 +444,18 @@ async fn pending_row(
     hash: Option<&str>,
     skip_rejected: bool,
 ) -> sqlx::Result<Option<(String, String, Value, DateTime<Utc>)>> {
-    Ok(sqlx::query(
+    Ok(sqlx::query!(
         "SELECT content_hash, group_name, definition, first_seen FROM tool_pending
          WHERE name = $1 AND ($2::text IS NULL OR content_hash = $2)
            AND NOT ($3 AND $2::text IS NULL AND rejected_at IS NOT NULL)
          ORDER BY first_seen DESC LIMIT 1 FOR UPDATE",
+        name,
+        hash,
+        skip_rejected,
     )
-    .bind(name)
-    .bind(hash)
-    .bind(skip_rejected)
     .fetch_optional(&mut *conn)
     .await?
-    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))))
+    .map(|r| (r.content_hash, r.group_name, r.definition, r.first_seen)))
 }
 
 /// What an admin decides about a held definition.
@@ -484,32 +484,35 @@ pub async fn decide(
     else {
         return Ok(None);
     };
-    let previous: Option<String> =
-        sqlx::query_scalar("SELECT content_hash FROM tool_approvals WHERE name = $1")
-            .bind(name)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let previous: Option<String> = sqlx::query_scalar!(
+        "SELECT content_hash FROM tool_approvals WHERE name = $1",
+        name,
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
     let (kind, details) = match verdict {
         Verdict::Approve => {
             upsert_approval(conn, name, &group, &hash, &definition, actor).await?;
-            sqlx::query("DELETE FROM tool_pending WHERE name = $1 AND first_seen <= $2")
-                .bind(name)
-                .bind(first_seen)
-                .execute(&mut *conn)
-                .await?;
+            sqlx::query!(
+                "DELETE FROM tool_pending WHERE name = $1 AND first_seen <= $2",
+                name,
+                first_seen,
+            )
+            .execute(&mut *conn)
+            .await?;
             (
                 EventKind::ToolDefinitionApproved,
                 json!({"group": group, "hash": hash, "previous_hash": previous}),
             )
         }
         Verdict::Reject => {
-            sqlx::query(
+            sqlx::query!(
                 "UPDATE tool_pending SET rejected_by = $3, rejected_at = now()
                  WHERE name = $1 AND content_hash = $2",
+                name,
+                &hash,
+                actor,
             )
-            .bind(name)
-            .bind(&hash)
-            .bind(actor)
             .execute(&mut *conn)
             .await?;
             (
@@ -526,36 +529,4 @@ pub async fn decide(
         previous_hash: previous,
         by: actor.to_owned(),
     }))
-}
-
-/// Sets what `groups.yaml` would say of a group's pin (`None`: nothing, so the default holds),
-/// creating the group's metadata row if it has none.
-pub async fn set_pin(
-    conn: &mut PgConnection,
-    actor: &str,
-    group: &str,
-    pin: Option<bool>,
-) -> sqlx::Result<()> {
-    let before: Option<Option<bool>> =
-        sqlx::query_scalar("SELECT pin FROM tool_groups WHERE name = $1")
-            .bind(group)
-            .fetch_optional(&mut *conn)
-            .await?;
-    sqlx::query(
-        "INSERT INTO tool_groups (name, pin) VALUES ($1, $2)
-         ON CONFLICT (name) DO UPDATE SET pin = EXCLUDED.pin, updated_at = now()",
-    )
-    .bind(group)
-    .bind(pin)
-    .execute(&mut *conn)
-    .await?;
-    record_change(
-        conn,
-        actor,
-        "group.pin",
-        &format!("group:{group}"),
-        before.map(|p| json!({"pin": p})),
-        Some(json!({"pin": pin})),
-    )
-    .await
 }

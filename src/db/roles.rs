@@ -12,16 +12,20 @@ const AUDIT_TABLES: [(&str, &str); 4] = [
 
 /// Whether every embedded migration is recorded as applied, with the same checksum.
 pub async fn all_migrations_applied(pool: &PgPool) -> sqlx::Result<bool> {
-    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
-        .fetch_one(pool)
-        .await?;
+    let exists: Option<String> =
+        sqlx::query_scalar!("SELECT to_regclass('_sqlx_migrations')::text")
+            .fetch_one(pool)
+            .await?;
     if exists.is_none() {
         return Ok(false);
     }
     let applied: Vec<(i64, Vec<u8>)> =
-        sqlx::query_as("SELECT version, checksum FROM _sqlx_migrations WHERE success")
+        sqlx::query!("SELECT version, checksum FROM _sqlx_migrations WHERE success")
             .fetch_all(pool)
-            .await?;
+            .await?
+            .into_iter()
+            .map(|r| (r.version, r.checksum))
+            .collect();
     Ok(super::MIGRATOR
         .iter()
         .filter(|m| !m.migration_type.is_down_migration())
@@ -36,32 +40,33 @@ pub async fn all_migrations_applied(pool: &PgPool) -> sqlx::Result<bool> {
 /// the audit tables only to append and read, the partition function. Audit partitions are
 /// reached only through their parent, so the role gets no right on them at all.
 pub async fn grant_serving(pool: &PgPool, role: &str) -> anyhow::Result<()> {
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
-            .bind(role)
-            .fetch_one(pool)
-            .await?;
+    let exists: bool = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1) AS "exists!""#,
+        role,
+    )
+    .fetch_one(pool)
+    .await?;
     if !exists {
         anyhow::bail!(
             "role {role} does not exist; create it first (CREATE ROLE {role} LOGIN PASSWORD '...')"
         );
     }
-    let r: String = sqlx::query_scalar("SELECT quote_ident($1)")
-        .bind(role)
+    let r: String = sqlx::query_scalar!(r#"SELECT quote_ident($1) AS "quoted!""#, role)
         .fetch_one(pool)
         .await?;
     let mut tx = pool.begin().await?;
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT quote_ident(c.relname) FROM pg_class c
+    let tables: Vec<String> = sqlx::query_scalar!(
+        r#"SELECT quote_ident(c.relname) AS "quoted!" FROM pg_class c
          WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p')
            AND NOT c.relispartition AND c.relname <> '_sqlx_migrations'
-           AND c.relname NOT LIKE 'audit\\_%'",
+           AND c.relname NOT LIKE 'audit\_%'"#,
     )
     .fetch_all(&mut *tx)
     .await?;
-    let schema: String = sqlx::query_scalar("SELECT quote_ident(current_schema())")
-        .fetch_one(&mut *tx)
-        .await?;
+    let schema: String =
+        sqlx::query_scalar!(r#"SELECT quote_ident(current_schema()) AS "quoted!""#)
+            .fetch_one(&mut *tx)
+            .await?;
     let mut statements = vec![format!("GRANT USAGE ON SCHEMA {schema} TO {r}")];
     for t in &tables {
         statements.push(format!(
@@ -80,6 +85,8 @@ pub async fn grant_serving(pool: &PgPool, role: &str) -> anyhow::Result<()> {
     statements.push(format!(
         "GRANT EXECUTE ON FUNCTION audit_ensure_partition(timestamptz) TO {r}"
     ));
+    // Names of roles, schemas and tables are no bind parameters: these statements are built
+    // here, from identifiers the database quoted above.
     for s in statements {
         sqlx::query(&s).execute(&mut *tx).await?;
     }

@@ -18,8 +18,8 @@ pub async fn charge(
     period: Duration,
     burst: u32,
 ) -> sqlx::Result<Result<(), Duration>> {
-    let (admitted, wait): (bool, Option<f64>) = sqlx::query_as(
-        "WITH prev AS (SELECT tat FROM admin_signin_throttle WHERE key = $1),
+    let charged = sqlx::query!(
+        r#"WITH prev AS (SELECT tat FROM admin_signin_throttle WHERE key = $1),
          charged AS (
            INSERT INTO admin_signin_throttle AS t (key, tat)
            VALUES ($1, now() + make_interval(secs => $2))
@@ -28,15 +28,16 @@ pub async fn charge(
              WHERE GREATEST(t.tat, now()) <= now() + make_interval(secs => $2 * ($3 - 1))
            RETURNING tat
          )
-         SELECT EXISTS (SELECT 1 FROM charged),
+         SELECT EXISTS (SELECT 1 FROM charged) AS "admitted!",
                 EXTRACT(EPOCH FROM (SELECT tat FROM prev)
-                        - now() - make_interval(secs => $2 * ($3 - 1)))::float8",
+                        - now() - make_interval(secs => $2 * ($3 - 1)))::float8 AS wait"#,
+        key,
+        period.as_secs_f64(),
+        i32::try_from(burst.max(1)).unwrap_or(i32::MAX),
     )
-    .bind(key)
-    .bind(period.as_secs_f64())
-    .bind(i32::try_from(burst.max(1)).unwrap_or(i32::MAX))
     .fetch_one(pool)
     .await?;
+    let (admitted, wait) = (charged.admitted, charged.wait);
     if admitted {
         return Ok(Ok(()));
     }
@@ -50,7 +51,7 @@ pub async fn charge(
 /// Deletes keys back at their full burst (a missing row means the same); returns how many.
 pub async fn prune(pool: &PgPool) -> sqlx::Result<u64> {
     Ok(
-        sqlx::query("DELETE FROM admin_signin_throttle WHERE tat < now()")
+        sqlx::query!("DELETE FROM admin_signin_throttle WHERE tat < now()")
             .execute(pool)
             .await?
             .rows_affected(),

@@ -206,7 +206,7 @@ async fn find_client(state: &AppState, client_id: &str) -> Result<Client, String
     if client_id.len() > 128 {
         return Err("unknown client".into());
     }
-    match db::authorizations::public_client_by_id(&state.db, client_id).await {
+    match db::public_clients::public_client_by_id(&state.db, client_id).await {
         Ok(Some(c)) => Ok(Client {
             client_id: c.client_id,
             name: c.client_name,
@@ -701,7 +701,7 @@ pub async fn exchange(
     )
     .await
     .map_err(|_| unavailable())?;
-    let key = db::policy::current_signing_key(&state.db)
+    let key = db::keys::current_signing_key(&state.db)
         .await
         .ok()
         .flatten()
@@ -757,7 +757,7 @@ pub async fn revoke_public(
     // Confidential clients keep authenticating as before (a missing secret is theirs to fix).
     let public = cimd::is_url_client_id(client_id)
         || matches!(
-            db::authorizations::public_client_by_id(&state.db, client_id).await,
+            db::public_clients::public_client_by_id(&state.db, client_id).await,
             Ok(Some(_))
         );
     if !public {

@@ -58,12 +58,10 @@ pub fn router() -> Router<AppState> {
 pub async fn ensure_signing_key(pool: &PgPool) -> anyhow::Result<()> {
     let mut tx = pool.begin().await?;
     // Two instances starting on an empty database must not both create a key.
-    sqlx::query("SELECT pg_advisory_xact_lock(7470111)")
-        .execute(&mut *tx)
-        .await?;
-    if !db::policy::has_signing_key(&mut tx).await? {
+    db::locks::hold(&mut tx, db::locks::Lock::FirstSigningKey).await?;
+    if !db::keys::has_signing_key(&mut tx).await? {
         let key = keys::generate()?;
-        db::policy::insert_signing_key(
+        db::keys::insert_signing_key(
             &mut tx,
             "toolgate",
             &key.kid,
@@ -81,7 +79,7 @@ pub async fn ensure_signing_key(pool: &PgPool) -> anyhow::Result<()> {
 pub async fn rotate_key(pool: &PgPool, actor: &str) -> anyhow::Result<String> {
     let key = keys::generate()?;
     let mut tx = pool.begin().await?;
-    db::policy::insert_signing_key(
+    db::keys::insert_signing_key(
         &mut tx,
         actor,
         &key.kid,
@@ -307,7 +305,7 @@ async fn check_client(
             "client authentication is required",
         ));
     };
-    let client = db::policy::client(&state.db, &client_id)
+    let client = db::clients::client(&state.db, &client_id)
         .await
         .map_err(|_| {
             OAuthError::new(
@@ -346,7 +344,7 @@ async fn verify_assertion(
     let fail = || OAuthError::invalid_client("client assertion rejected");
     let client_id =
         assertion_client_id(assertion, form_client_id.map(String::as_str)).ok_or_else(fail)?;
-    let client = db::policy::client(&state.db, &client_id)
+    let client = db::clients::client(&state.db, &client_id)
         .await
         .map_err(|_| {
             OAuthError::new(
@@ -624,7 +622,7 @@ async fn issue_token(
     drop(snapshot);
     let prefixes = narrow(&grants, form.get("scope").map(String::as_str))
         .map_err(|e| OAuthError::new(StatusCode::BAD_REQUEST, "invalid_scope", e))?;
-    let key = db::policy::current_signing_key(&state.db)
+    let key = db::keys::current_signing_key(&state.db)
         .await
         .ok()
         .flatten()
@@ -812,7 +810,7 @@ async fn resource_metadata(State(state): State<AppState>) -> Json<Value> {
 }
 
 async fn jwks(State(state): State<AppState>) -> Response {
-    match db::policy::published_keys(&state.db).await {
+    match db::keys::published_keys(&state.db).await {
         Ok(keys) => (
             [(header::CACHE_CONTROL, "public, max-age=300")],
             Json(json!({"keys": keys.iter().map(|k| keys::jwk(&k.kid, &k.public_key)).collect::<Vec<_>>()})),

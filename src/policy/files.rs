@@ -13,7 +13,8 @@ use super::GrantTarget;
 use super::arguments::{self, ArgumentRules};
 use super::snapshot::{AgentRecord, Discovery, RateLimitRecord};
 use crate::db;
-use crate::db::policy::{AgentSettings, GroupMeta};
+use crate::db::agents::AgentSettings;
+use crate::db::groups::GroupMeta;
 use crate::limits::LimitForm;
 use crate::pool::Catalog;
 
@@ -968,32 +969,30 @@ pub async fn apply_dir(
     }
     let mut tx = pool.begin().await?;
     // One apply at a time; a concurrent one would compute its diff from a stale read.
-    sqlx::query("SELECT pg_advisory_xact_lock(7470112)")
-        .execute(&mut *tx)
-        .await?;
-    let state = db::policy::load_state(pool).await?;
+    db::locks::hold(&mut tx, db::locks::Lock::PolicyApply).await?;
+    let state = db::snapshot::load_state(pool).await?;
     let pinned_before = db::pins::pinned_groups(&mut tx).await?;
-    let groups = db::policy::groups(&mut tx).await?;
-    let upstreams = db::policy::upstreams(&mut tx).await?;
+    let groups = db::groups::groups(&mut tx).await?;
+    let upstreams = db::upstreams::upstreams(&mut tx).await?;
     let changes = plan(&policies, &state.agents, &groups, &upstreams);
     if !dry_run {
         // Runs of new agents and grants (a first start is nothing else) are written together;
         // any other change first writes the run before it, so the order stays the plan's.
-        let mut run: Vec<db::policy::Creation<'_>> = Vec::new();
+        let mut run: Vec<db::agents::Creation<'_>> = Vec::new();
         for change in &changes {
             match change {
                 Change::CreateAgent { name, settings } => {
-                    run.push(db::policy::Creation::Agent { name, settings });
+                    run.push(db::agents::Creation::Agent { name, settings });
                     continue;
                 }
                 Change::AddGrant { agent, target } => {
-                    run.push(db::policy::Creation::Grant { agent, target });
+                    run.push(db::agents::Creation::Grant { agent, target });
                     continue;
                 }
                 _ => {}
             }
             if !run.is_empty() {
-                db::policy::create_many(&mut tx, actor, &std::mem::take(&mut run)).await?;
+                db::agents::create_many(&mut tx, actor, &std::mem::take(&mut run)).await?;
             }
             match change {
                 Change::CreateAgent { .. } | Change::AddGrant { .. } => {}
@@ -1001,47 +1000,48 @@ pub async fn apply_dir(
                     name,
                     before,
                     after,
-                } => db::policy::update_agent(&mut tx, actor, name, before, after).await?,
+                } => db::agents::update_agent(&mut tx, actor, name, before, after).await?,
                 Change::DeleteAgent { name } => {
-                    db::policy::delete_agent(&mut tx, actor, name).await?;
+                    db::agents::delete_agent(&mut tx, actor, name).await?;
                 }
                 Change::RemoveGrant { agent, target } => {
-                    db::policy::remove_grant(&mut tx, actor, agent, target).await?;
+                    db::grants::remove_grant(&mut tx, actor, agent, target).await?;
                 }
                 Change::SetLimits {
                     agent,
                     before,
                     after,
-                } => db::policy::set_limits(&mut tx, actor, agent, before, after).await?,
+                } => db::limits::set_limits(&mut tx, actor, agent, before, after).await?,
                 Change::SetArguments { agent, rules } => {
-                    db::policy::set_argument_rules(&mut tx, actor, agent, rules).await?;
+                    db::arguments::set_argument_rules(&mut tx, actor, agent, rules).await?;
                 }
                 Change::DeleteArguments { agent, target } => {
-                    db::policy::delete_argument_rules(&mut tx, actor, agent, target).await?;
+                    db::arguments::delete_argument_rules(&mut tx, actor, agent, target).await?;
                 }
                 Change::SetGroup { before, after } => {
-                    db::policy::upsert_group(&mut tx, actor, before.as_ref(), after).await?
+                    db::groups::upsert_group(&mut tx, actor, before.as_ref(), after).await?
                 }
                 Change::DeleteGroup { name } => {
-                    db::policy::delete_group(&mut tx, actor, name).await?;
+                    db::groups::delete_group(&mut tx, actor, name).await?;
                 }
                 Change::SetUpstream {
                     name,
                     before,
                     after,
                 } => {
-                    db::policy::set_upstream(&mut tx, actor, name, before.as_ref(), after).await?;
+                    db::upstreams::set_upstream(&mut tx, actor, name, before.as_ref(), after)
+                        .await?;
                 }
                 Change::DeleteUpstream { name } => {
-                    db::policy::delete_upstream(&mut tx, actor, name).await?;
+                    db::upstreams::delete_upstream(&mut tx, actor, name).await?;
                 }
                 Change::SetUsers { agent, after, .. } => {
-                    db::authorizations::set_agent_users(&mut tx, actor, agent, after).await?;
+                    db::agent_users::set_agent_users(&mut tx, actor, agent, after).await?;
                 }
             }
         }
         if !run.is_empty() {
-            db::policy::create_many(&mut tx, actor, &run).await?;
+            db::agents::create_many(&mut tx, actor, &run).await?;
         }
         // A group pinned by this apply starts from what it serves now, approved by whoever
         // applied (trust on first use, per group).
@@ -1062,9 +1062,9 @@ pub async fn apply_dir(
 
 /// Writes the database as policy files that `apply` turns into no change.
 pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
-    let state = db::policy::load_state(pool).await?;
+    let state = db::snapshot::load_state(pool).await?;
     let mut conn = pool.acquire().await?;
-    let groups = db::policy::groups(&mut conn).await?;
+    let groups = db::groups::groups(&mut conn).await?;
     let agents_dir = dir.join("agents");
     std::fs::create_dir_all(&agents_dir)?;
     for a in &state.agents {
@@ -1104,7 +1104,7 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
         std::fs::create_dir_all(&folder)?;
         std::fs::write(folder.join("agent.md"), text)?;
     }
-    let upstreams = db::policy::upstreams(&mut conn).await?;
+    let upstreams = db::upstreams::upstreams(&mut conn).await?;
     if !upstreams.is_empty() {
         let up_dir = dir.join("upstreams");
         std::fs::create_dir_all(&up_dir)?;

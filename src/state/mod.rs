@@ -228,7 +228,7 @@ impl AppState {
         let _one_at_a_time = self.policy_reload.lock().await;
         let t = std::time::Instant::now();
         if parts.intersects(Parts::ALL_STATE) {
-            let fresh = db::policy::load_parts(&self.db, parts).await?;
+            let fresh = db::snapshot::load_parts(&self.db, parts).await?;
             let loaded = t.elapsed();
             self.policy.merge_state(parts, fresh);
             tracing::debug!(
@@ -283,7 +283,7 @@ impl AppState {
     /// longer parses is logged and left out.
     async fn reconcile_upstreams(&self) -> sqlx::Result<()> {
         let mut conn = self.db.acquire().await?;
-        let rows = db::policy::upstreams(&mut conn).await?;
+        let rows = db::upstreams::upstreams(&mut conn).await?;
         drop(conn);
         let mut specs = std::collections::BTreeMap::new();
         for (name, spec) in rows {

@@ -141,7 +141,7 @@ pub async fn show(
     Path(username): Path<String>,
 ) -> Result<Response, WebError> {
     let account = users::get(&state.db, &username).await?;
-    let current = crate::db::admin::session_id(&state.db, &ctx.admin.session_hash).await?;
+    let current = crate::db::sessions::session_id(&state.db, &ctx.admin.session_hash).await?;
     let sessions = users::sessions(&state.db, &username)
         .await?
         .into_iter()
@@ -332,7 +332,7 @@ pub async fn reset_form(
         return Err(gone());
     }
     let Some(username) =
-        crate::db::accounts::reset_target(&state.db, &session::sha256_hex(&token)).await?
+        crate::db::password_resets::reset_target(&state.db, &session::sha256_hex(&token)).await?
     else {
         return Err(gone());
     };
@@ -392,7 +392,7 @@ pub async fn reset_submit(
         )
     };
     let Some(username) =
-        crate::db::accounts::reset_target(&state.db, &session::sha256_hex(&token)).await?
+        crate::db::password_resets::reset_target(&state.db, &session::sha256_hex(&token)).await?
     else {
         return Err(gone());
     };

@@ -230,7 +230,7 @@ pub async fn show(
         })
         .collect();
     let cost = agent_tokens(&snapshot, agent, state.settings.search_token_budget);
-    let clients = crate::db::policy::clients(&state.db, Some(&name))
+    let clients = crate::db::clients::clients(&state.db, Some(&name))
         .await?
         .into_iter()
         .map(|c| ClientRow {
@@ -384,7 +384,7 @@ pub async fn create_client(
 }
 
 async fn client_agent(state: &WebState, client_id: &str) -> Result<String, WebError> {
-    crate::db::policy::clients(&state.db, None)
+    crate::db::clients::clients(&state.db, None)
         .await?
         .into_iter()
         .find(|c| c.client_id == client_id)

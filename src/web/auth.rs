@@ -73,7 +73,7 @@ pub async fn login_form(
     Query(q): Query<LoginQuery>,
 ) -> Result<Response, WebError> {
     if let Some(token) = session::cookie(&headers, SESSION_COOKIE)
-        && db::admin::session(&state.db, &sha256_hex(token), state.accounts.session_idle)
+        && db::sessions::session(&state.db, &sha256_hex(token), state.accounts.session_idle)
             .await?
             .is_some()
     {
@@ -176,7 +176,7 @@ pub async fn login_submit(
         return Ok(r);
     }
     let user = if form.username.len() <= 64 {
-        db::admin::find_user(&state.db, &form.username).await?
+        db::accounts::find_user(&state.db, &form.username).await?
     } else {
         None
     };
@@ -235,7 +235,7 @@ pub(super) async fn open_session(
     let lifetime = state.accounts.session_max;
     let expires = chrono::Utc::now()
         + chrono::Duration::from_std(lifetime).unwrap_or(chrono::Duration::hours(12));
-    db::admin::create_session(
+    db::sessions::create_session(
         &state.db,
         &sha256_hex(&token),
         user_id,
@@ -259,7 +259,7 @@ pub async fn logout(
     admin: Admin,
     origin: Option<Extension<RequestOrigin>>,
 ) -> Result<Response, WebError> {
-    db::admin::delete_session(&state.db, &admin.session_hash).await?;
+    db::sessions::delete_session(&state.db, &admin.session_hash).await?;
     let mut e = AuditEvent::new(EventKind::AdminLogout, Outcome::Success)
         .from_origin(origin.as_ref().map(|Extension(o)| o));
     e.admin_user = Some(admin.actor());

@@ -223,7 +223,7 @@ pub fn client_ip(origin: Option<&crate::audit::RequestOrigin>) -> IpAddr {
 pub async fn require_session(State(state): State<WebState>, req: Request, next: Next) -> Response {
     let hash = cookie(req.headers(), SESSION_COOKIE).map(sha256_hex);
     let record = match &hash {
-        Some(h) => match db::admin::session(&state.db, h, state.accounts.session_idle).await {
+        Some(h) => match db::sessions::session(&state.db, h, state.accounts.session_idle).await {
             Ok(r) => r,
             Err(e) => return WebError::from(e).into_response(),
         },

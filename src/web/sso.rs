@@ -344,12 +344,12 @@ pub async fn start(
         request = request.add_scope(Scope::new(scope.clone()));
     }
     let (url, csrf, nonce) = request.url();
-    let flow = db::accounts::SsoFlow {
+    let flow = db::sso_flows::SsoFlow {
         nonce: nonce.secret().clone(),
         pkce_verifier: verifier.secret().clone(),
         next_url: super::auth::safe_next(q.next.as_deref()),
     };
-    db::accounts::insert_flow(
+    db::sso_flows::insert_flow(
         &state.db,
         &sha256_hex(csrf.secret()),
         &flow,
@@ -441,7 +441,7 @@ pub async fn callback(
             again.into(),
         ));
     }
-    let Some(flow) = db::accounts::take_flow(&state.db, &sha256_hex(presented)).await? else {
+    let Some(flow) = db::sso_flows::take_flow(&state.db, &sha256_hex(presented)).await? else {
         return Ok(refuse(
             Outcome::Denied,
             None,
@@ -508,7 +508,7 @@ pub async fn callback(
     let Some(role) = sso.settings.role_for(&person.role_values) else {
         // Taken out of every mapped group: whatever session the account still has ends too.
         let mut tx = state.db.begin().await?;
-        db::accounts::end_federated_sessions(&mut tx, &person.issuer, &person.subject).await?;
+        db::sessions::end_federated_sessions(&mut tx, &person.issuer, &person.subject).await?;
         tx.commit().await?;
         return Ok(refuse(
             Outcome::Denied,

@@ -4,7 +4,8 @@
 
 use crate::auth::secrets;
 use crate::db;
-use crate::db::accounts::{Account, SessionInfo};
+use crate::db::accounts::Account;
+use crate::db::sessions::SessionInfo;
 use crate::service::ServiceError;
 
 use super::Role;
@@ -45,7 +46,7 @@ pub async fn create_user(
         .await
         .map_err(anyhow::Error::from)??;
     let mut tx = pool.begin().await?;
-    if !db::admin::create_user(&mut tx, actor, username, &hash, role.as_str()).await? {
+    if !db::accounts::create_user(&mut tx, actor, username, &hash, role.as_str()).await? {
         return Err(ServiceError::Conflict(format!(
             "an admin user `{username}` already exists"
         )));
@@ -174,7 +175,7 @@ pub async fn reset_link(
     let token = super::session::random_token();
     let expires = chrono::Utc::now() + chrono::Duration::minutes(RESET_MINUTES);
     let mut tx = pool.begin().await?;
-    if !db::accounts::create_reset(
+    if !db::password_resets::create_reset(
         &mut tx,
         actor,
         username,
@@ -209,7 +210,7 @@ pub async fn use_reset_link(
         .map_err(anyhow::Error::from)??;
     let mut tx = pool.begin().await?;
     let Some(username) =
-        db::accounts::use_reset(&mut tx, &super::session::sha256_hex(token), &hash).await?
+        db::password_resets::use_reset(&mut tx, &super::session::sha256_hex(token), &hash).await?
     else {
         return Err(ServiceError::NotFound("reset link".into()));
     };
@@ -222,7 +223,7 @@ pub async fn sessions(
     username: &str,
 ) -> Result<Vec<SessionInfo>, ServiceError> {
     get(pool, username).await?;
-    Ok(db::accounts::sessions_of(pool, username).await?)
+    Ok(db::sessions::sessions_of(pool, username).await?)
 }
 
 /// Ends one session (`Some(id)`) or all of an account's; how many ended.
@@ -233,7 +234,7 @@ pub async fn end_sessions(
     session: Option<uuid::Uuid>,
 ) -> Result<u64, ServiceError> {
     let mut tx = pool.begin().await?;
-    let ended = db::accounts::end_sessions(&mut tx, actor, username, session)
+    let ended = db::sessions::end_sessions(&mut tx, actor, username, session)
         .await?
         .ok_or_else(|| missing(username))?;
     tx.commit().await?;

@@ -520,12 +520,12 @@ async fn an_sso_callback_is_refused_unless_this_browser_started_it(pool: PgPool)
         .unwrap();
     assert_eq!(sessions, 0);
     // A live flow, answered by another issuer (RFC 9207 mix-up): refused, and used up.
-    let flow = toolgate::db::accounts::SsoFlow {
+    let flow = toolgate::db::sso_flows::SsoFlow {
         nonce: "n".into(),
         pkce_verifier: "v".into(),
         next_url: "/admin".into(),
     };
-    toolgate::db::accounts::insert_flow(
+    toolgate::db::sso_flows::insert_flow(
         &app.state.db,
         &toolgate::web::session::sha256_hex("live-state"),
         &flow,
@@ -702,7 +702,8 @@ async fn two_admins_disabling_each_other_at_once_leave_one_enabled(pool: PgPool)
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn a_federated_account_is_keyed_by_issuer_and_subject_never_by_name(pool: PgPool) {
-    use toolgate::db::accounts::{Federated, end_federated_sessions, sign_in_federated};
+    use toolgate::db::accounts::{Federated, sign_in_federated};
+    use toolgate::db::sessions::end_federated_sessions;
     let app = TestApp::new(pool).await;
     // A local `alice` exists; the provider's alice must not become her.
     toolgate::web::users::create_user(&app.state.db, "test", "alice", PASSWORD, "viewer")

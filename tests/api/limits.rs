@@ -484,7 +484,7 @@ async fn limits_stored_per_second_survive_the_migration(pool: PgPool) {
 
     all.run(&pool).await.unwrap();
 
-    let state = toolgate::db::policy::load_state(&pool).await.unwrap();
+    let state = toolgate::db::snapshot::load_state(&pool).await.unwrap();
     let legacy = state.agents.iter().find(|a| a.name == "legacy").unwrap();
     let shown: Vec<String> = legacy.limits.iter().map(|l| l.limit.to_string()).collect();
     assert_eq!(shown, ["5/second burst 10", "1000000/second burst 3"]);

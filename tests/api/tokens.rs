@@ -21,7 +21,7 @@ fn parts(token: &str) -> (Value, Value, String) {
 
 /// Re-signs claims with the gateway's own key, for attacks that need a valid signature.
 async fn forge(pool: &PgPool, header_kid: Option<&str>, claims: &Value) -> String {
-    let key = toolgate::db::policy::current_signing_key(pool)
+    let key = toolgate::db::keys::current_signing_key(pool)
         .await
         .unwrap()
         .unwrap();
@@ -212,7 +212,7 @@ async fn token_attacks_are_refused_with_401(pool: PgPool) {
     let good = app.token_with(&id, &secret).await;
     let (header, claims, sig) = parts(&good);
     let now = chrono::Utc::now().timestamp();
-    let public = toolgate::db::policy::published_keys(&pool).await.unwrap()[0]
+    let public = toolgate::db::keys::published_keys(&pool).await.unwrap()[0]
         .public_key
         .clone();
 

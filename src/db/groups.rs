@@ -1,0 +1,112 @@
+//! Tool group metadata (`policies/groups.yaml`): description, owner, and whether it is pinned.
+
+use serde_json::json;
+use sqlx::PgConnection;
+
+use super::record_change;
+
+/// Group metadata from `policies/groups.yaml`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GroupMeta {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub owner: String,
+    /// `Some(true)`: changed or new tools are held until approved; `None`: the default
+    /// (pinned for upstream groups, not for script groups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin: Option<bool>,
+}
+
+pub async fn groups(conn: &mut PgConnection) -> sqlx::Result<Vec<GroupMeta>> {
+    Ok(
+        sqlx::query!("SELECT name, description, owner, pin FROM tool_groups ORDER BY name")
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .map(|r| GroupMeta {
+                name: r.name,
+                description: r.description,
+                owner: r.owner,
+                pin: r.pin,
+            })
+            .collect(),
+    )
+}
+
+pub async fn upsert_group(
+    conn: &mut PgConnection,
+    actor: &str,
+    before: Option<&GroupMeta>,
+    g: &GroupMeta,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO tool_groups (name, description, owner, pin) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description, owner = EXCLUDED.owner, pin = EXCLUDED.pin, updated_at = now()",
+        &g.name,
+        &g.description,
+        &g.owner,
+        g.pin,
+    )
+    .execute(&mut *conn)
+    .await?;
+    record_change(
+        conn,
+        actor,
+        "group.set",
+        &format!("group:{}", g.name),
+        before.map(|b| json!(b)),
+        Some(json!(g)),
+    )
+    .await
+}
+
+pub async fn delete_group(conn: &mut PgConnection, actor: &str, name: &str) -> sqlx::Result<bool> {
+    let gone = sqlx::query!("DELETE FROM tool_groups WHERE name = $1", name)
+        .execute(&mut *conn)
+        .await?;
+    if gone.rows_affected() > 0 {
+        record_change(
+            conn,
+            actor,
+            "group.delete",
+            &format!("group:{name}"),
+            Some(json!({"name": name})),
+            None,
+        )
+        .await?;
+    }
+    Ok(gone.rows_affected() > 0)
+}
+
+/// Sets what `groups.yaml` would say of a group's pin (`None`: nothing, so the default holds),
+/// creating the group's metadata row if it has none.
+pub async fn set_pin(
+    conn: &mut PgConnection,
+    actor: &str,
+    group: &str,
+    pin: Option<bool>,
+) -> sqlx::Result<()> {
+    let before: Option<Option<bool>> =
+        sqlx::query_scalar!("SELECT pin FROM tool_groups WHERE name = $1", group)
+            .fetch_optional(&mut *conn)
+            .await?;
+    sqlx::query!(
+        "INSERT INTO tool_groups (name, pin) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET pin = EXCLUDED.pin, updated_at = now()",
+        group,
+        pin,
+    )
+    .execute(&mut *conn)
+    .await?;
+    record_change(
+        conn,
+        actor,
+        "group.pin",
+        &format!("group:{group}"),
+        before.map(|p| json!({"pin": p})),
+        Some(json!({"pin": pin})),
+    )
+    .await
+}
