@@ -4,8 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
-/// Modules that must not depend on the app or a surface.
-const CORE: [&str; 6] = ["pool", "policy", "audit", "db", "auth", "limits"];
+/// Modules that must not depend on the app or a surface: the live state, the one call path, the
+/// control-plane services and what they build on.
+const CORE: [&str; 11] = [
+    "state", "gate", "service", "search", "upstream", "pool", "policy", "audit", "db", "auth",
+    "limits",
+];
 /// What they must not name.
 const FORBIDDEN: [&str; 8] = [
     "crate::app",
