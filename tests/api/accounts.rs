@@ -589,10 +589,10 @@ async fn sso_flags_that_cannot_work_are_refused_at_start(pool: PgPool) {
         else {
             unreachable!()
         };
-        assert!(
-            toolgate::state::Settings::from_args(&serve).is_err(),
-            "{args:?} was accepted"
-        );
+        // What `serve` checks at start: the core's settings, then the admin UI's own (SSO).
+        let checked = toolgate::state::Settings::from_args(&serve)
+            .and_then(|settings| toolgate::app::Surfaces::from_args(&serve, &settings));
+        assert!(checked.is_err(), "{args:?} was accepted");
     }
 }
 
