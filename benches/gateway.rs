@@ -131,7 +131,7 @@ async fn app(url: &str, tools: &Path, audited: bool, extra: &[&str]) -> (AppStat
     let surfaces = toolgate::app::Surfaces::from_args(&serve, &settings).unwrap();
     let pool = toolgate::db::connect(url, 16).await.unwrap();
     toolgate::db::migrate(&pool, url).await.unwrap();
-    toolgate::oauth::ensure_signing_key(&pool).await.unwrap();
+    toolgate::service::keys::ensure_first(&pool).await.unwrap();
     let state = if audited {
         AppState::new(settings, pool)
     } else {
@@ -680,7 +680,7 @@ async fn proxied_vs_direct(
     let url = format!("http://127.0.0.1:{port}/mcp");
     let spec: toolgate::upstream::UpstreamSpec =
         serde_json::from_value(json!({"transport": "http", "url": url})).unwrap();
-    toolgate::service::set_upstream(state, "bench", "everything", spec)
+    toolgate::service::upstreams::set(state, "bench", "everything", spec)
         .await
         .unwrap();
     let tok = token(http, base, "proxied", "everything").await;

@@ -83,7 +83,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let pool = db::connect(&args.db.database_url, 16).await?;
     db::migrate(&pool, &args.db.database_url).await?;
-    crate::oauth::ensure_signing_key(&pool).await?;
+    crate::service::keys::ensure_first(&pool).await?;
     if let Some(copies) = &settings.loader.copies {
         // The first load copies the pinned groups' scripts, rather than a second one after
         // the policy is read.

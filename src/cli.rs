@@ -7,7 +7,7 @@ use crate::config::{
     PolicyCommand, ToolsCommand,
 };
 use crate::pool::loader::{LoaderSettings, load_pool};
-use crate::{app, db, oauth, policy, service, telemetry};
+use crate::{app, db, policy, service, telemetry};
 
 pub async fn run(cli: Cli) -> ExitCode {
     if !matches!(cli.command, Command::Serve(_)) {
@@ -70,7 +70,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
-            let kid = oauth::rotate_key(&pool, "cli").await?;
+            let kid = service::keys::rotate(&pool, "cli").await?;
             println!("{}", serde_json::json!({"kid": kid}));
             Ok(ExitCode::SUCCESS)
         }
@@ -151,7 +151,7 @@ async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {
         } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
-            service::put_public_client(&pool, "cli", &client_id, &name, &redirect_uris).await?;
+            service::clients::put_public(&pool, "cli", &client_id, &name, &redirect_uris).await?;
             println!(
                 "{}",
                 serde_json::json!({"client_id": client_id, "client_name": name, "redirect_uris": redirect_uris})
@@ -164,14 +164,14 @@ async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {
         } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
-            service::delete_public_client(&pool, "cli", &client_id).await?;
+            service::clients::delete_public(&pool, "cli", &client_id).await?;
             println!("deleted public client {client_id}");
             Ok(ExitCode::SUCCESS)
         }
         ClientCommand::ListPublic { db: db_args } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
-            let clients = db::public_clients::public_clients(&pool).await?;
+            let clients = service::clients::list_public(&pool).await?;
             println!("{}", serde_json::to_string_pretty(&clients)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -187,13 +187,13 @@ async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {
                 Some(p) => Some(serde_json::from_str(&std::fs::read_to_string(&p)?)?),
                 None => None,
             };
-            let client = service::create_client(&pool, "cli", &agent, &description, jwks).await?;
+            let client = service::clients::create(&pool, "cli", &agent, &description, jwks).await?;
             println!("{}", serde_json::to_string_pretty(&client)?);
             Ok(ExitCode::SUCCESS)
         }
         ClientCommand::List { db: db_args, agent } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
-            let clients = db::clients::clients(&pool, agent.as_deref()).await?;
+            let clients = service::clients::list(&pool, agent.as_deref()).await?;
             println!("{}", serde_json::to_string_pretty(&clients)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -202,15 +202,16 @@ async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {
             client_id,
         } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
-            let mut tx = pool.begin().await?;
-            let existed = db::clients::delete_client(&mut tx, "cli", &client_id).await?;
-            tx.commit().await?;
-            if existed {
-                println!("deleted {client_id}");
-                Ok(ExitCode::SUCCESS)
-            } else {
-                eprintln!("no client {client_id}");
-                Ok(ExitCode::FAILURE)
+            match service::clients::delete(&pool, "cli", &client_id).await {
+                Ok(()) => {
+                    println!("deleted {client_id}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(service::ServiceError::NotFound(_)) => {
+                    eprintln!("no client {client_id}");
+                    Ok(ExitCode::FAILURE)
+                }
+                Err(e) => Err(e.into()),
             }
         }
     }
@@ -245,8 +246,13 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
                 outcome,
                 person,
             };
+            let reader = service::audit_access::Reader {
+                who: "cli",
+                channel: service::audit_access::Channel::Cli,
+            };
+            let chunks = service::audit_access::export(&pool, reader, format, filter).await?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            let mut chunks = std::pin::pin!(export::stream(pool, format, filter));
+            let mut chunks = std::pin::pin!(chunks);
             while let Some(chunk) = chunks.next().await {
                 out.write_all(&chunk?)?;
             }
@@ -444,8 +450,7 @@ async fn tools_command(command: ToolsCommand) -> anyhow::Result<ExitCode> {
         ToolsCommand::Pending { db: db_args, json } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
-            let mut conn = pool.acquire().await?;
-            let pending = db::pins::pending(&mut conn).await?;
+            let pending = service::pins::held(&pool).await?;
             if json {
                 let rows: Vec<serde_json::Value> = pending
                     .iter()
@@ -515,20 +520,18 @@ async fn decide_tool(
     hash: Option<&str>,
     approve: bool,
 ) -> anyhow::Result<ExitCode> {
-    crate::pool::ToolName::parse(name).map_err(anyhow::Error::msg)?;
-    if let Some(h) = hash {
-        service::parse_hash(h)?;
-    }
     let pool = db::connect_existing(&db_args.database_url, 2).await?;
     db::migrate(&pool, &db_args.database_url).await?;
-    let mut tx = pool.begin().await?;
     let verdict = if approve {
         db::pins::Verdict::Approve
     } else {
         db::pins::Verdict::Reject
     };
-    let decided = db::pins::decide(&mut tx, "cli", name, hash, verdict).await?;
-    tx.commit().await?;
+    let decided = match service::pins::decide(&pool, "cli", name, hash, verdict).await {
+        Ok(d) => Some(d),
+        Err(service::ServiceError::NotFound(_)) => None,
+        Err(e) => return Err(e.into()),
+    };
     match decided {
         Some(d) => {
             let key = if approve { "approved" } else { "rejected" };
@@ -560,7 +563,7 @@ async fn admin_command(command: AdminCommand) -> anyhow::Result<ExitCode> {
             let password = line.trim_end_matches(['\r', '\n']);
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             db::migrate(&pool, &db_args.database_url).await?;
-            crate::web::users::create_user(&pool, "cli", &username, password, &role).await?;
+            crate::service::accounts::create(&pool, "cli", &username, password, &role).await?;
             println!(
                 "{}",
                 serde_json::json!({"username": username, "role": role})

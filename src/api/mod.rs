@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::audit::{AuditEvent, EventKind, Outcome, RequestOrigin};
-use crate::service::{self, ServiceError};
+use crate::service::{self, ServiceError, audit_access};
 use crate::state::AppState;
 
 pub fn router(state: AppState) -> Router<AppState> {
@@ -174,6 +174,12 @@ async fn require_admin(State(state): State<AppState>, req: Request, next: Next) 
 /// The actor recorded for API changes.
 const API_ACTOR: &str = "api:admin-token";
 
+/// Who reads the audit log through the API.
+const READER: audit_access::Reader<'static> = audit_access::Reader {
+    who: API_ACTOR,
+    channel: audit_access::Channel::Api,
+};
+
 /// The JSON API's error: client errors say what is wrong; server errors are opaque.
 pub struct ApiError(ServiceError);
 
@@ -212,7 +218,7 @@ type ApiResult<T> = Result<T, ApiError>;
 
 async fn list_agents(State(state): State<AppState>) -> Json<Value> {
     let snapshot = state.policy.load();
-    Json(json!({"agents": service::agent_summaries(&snapshot)}))
+    Json(json!({"agents": service::agents::summaries(&snapshot)}))
 }
 
 #[derive(Deserialize)]
@@ -227,7 +233,7 @@ async fn create_agent(
     State(state): State<AppState>,
     Json(body): Json<NewAgent>,
 ) -> ApiResult<Response> {
-    service::create_agent(
+    service::agents::create(
         &state,
         API_ACTOR,
         &body.name,
@@ -243,7 +249,7 @@ async fn get_agent(
     Path(name): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let snapshot = state.policy.load();
-    let summary = service::agent_summaries(&snapshot)
+    let summary = service::agents::summaries(&snapshot)
         .into_iter()
         .find(|a| a.name == name)
         .ok_or_else(|| ServiceError::NotFound(format!("agent `{name}`")))?;
@@ -263,7 +269,7 @@ async fn delete_agent(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    service::delete_agent(&state, API_ACTOR, &name).await?;
+    service::agents::delete(&state, API_ACTOR, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -277,7 +283,7 @@ async fn add_grant(
     Path(name): Path<String>,
     Json(body): Json<NewGrant>,
 ) -> ApiResult<Response> {
-    let added = service::add_grant(&state, API_ACTOR, &name, &body.target).await?;
+    let added = service::grants::add(&state, API_ACTOR, &name, &body.target).await?;
     Ok((StatusCode::CREATED, Json(added)).into_response())
 }
 
@@ -285,7 +291,7 @@ async fn remove_grant(
     State(state): State<AppState>,
     Path((name, target)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    service::remove_grant(&state, API_ACTOR, &name, &target).await?;
+    service::grants::remove(&state, API_ACTOR, &name, &target).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -294,9 +300,9 @@ async fn put_arguments(
     State(state): State<AppState>,
     Path((name, target)): Path<(String, String)>,
     Json(body): Json<Value>,
-) -> ApiResult<Json<service::ArgumentsSet>> {
+) -> ApiResult<Json<service::arguments::ArgumentsSet>> {
     Ok(Json(
-        service::set_argument_rules(&state, API_ACTOR, &name, &target, &body).await?,
+        service::arguments::set(&state, API_ACTOR, &name, &target, &body).await?,
     ))
 }
 
@@ -304,7 +310,7 @@ async fn delete_arguments(
     State(state): State<AppState>,
     Path((name, target)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    service::delete_argument_rules(&state, API_ACTOR, &name, &target).await?;
+    service::arguments::delete(&state, API_ACTOR, &name, &target).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -317,7 +323,7 @@ async fn preview_grant(
     State(state): State<AppState>,
     axum::extract::Query(q): axum::extract::Query<PreviewQuery>,
 ) -> ApiResult<Json<Value>> {
-    let (matched, suggestions) = service::preview_grant(&state.policy.load(), &q.target)?;
+    let (matched, suggestions) = service::grants::preview(&state.policy.load(), &q.target)?;
     Ok(Json(
         json!({"target": q.target, "matched_tools": matched.len(), "tools": matched, "suggestions": suggestions}),
     ))
@@ -353,7 +359,7 @@ async fn create_client(
             .map_err(|e| ServiceError::Invalid(format!("invalid JSON body: {e}")))?
     };
     let client =
-        service::create_client_live(&state, API_ACTOR, &name, &body.description, body.jwks).await?;
+        service::clients::create(&state, API_ACTOR, &name, &body.description, body.jwks).await?;
     Ok((
         StatusCode::CREATED,
         [(header::CACHE_CONTROL, "no-store")],
@@ -366,7 +372,7 @@ async fn delete_client(
     State(state): State<AppState>,
     Path(client_id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    service::delete_client(&state, API_ACTOR, &client_id).await?;
+    service::clients::delete(&state, API_ACTOR, &client_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -374,7 +380,7 @@ async fn put_agent_user(
     State(state): State<AppState>,
     Path((name, username)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    service::add_agent_user(&state, API_ACTOR, &name, &username).await?;
+    service::agents::add_user(&state, API_ACTOR, &name, &username).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -382,7 +388,7 @@ async fn delete_agent_user(
     State(state): State<AppState>,
     Path((name, username)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    service::remove_agent_user(&state, API_ACTOR, &name, &username).await?;
+    service::agents::remove_user(&state, API_ACTOR, &name, &username).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -405,7 +411,7 @@ async fn put_public_client(
     Path(client_id): Path<String>,
     Json(body): Json<PublicClientBody>,
 ) -> ApiResult<StatusCode> {
-    service::put_public_client(
+    service::clients::put_public(
         &state.db,
         API_ACTOR,
         &client_id,
@@ -420,7 +426,7 @@ async fn delete_public_client(
     State(state): State<AppState>,
     Path(client_id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    service::delete_public_client_live(&state, API_ACTOR, &client_id).await?;
+    service::clients::delete_public(&state, API_ACTOR, &client_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -445,7 +451,7 @@ async fn revoke_authorization(
 ) -> ApiResult<StatusCode> {
     let id = uuid::Uuid::parse_str(&id)
         .map_err(|_| ServiceError::NotFound(format!("authorization `{id}`")))?;
-    service::revoke_authorization(&state, API_ACTOR, id, None).await?;
+    service::authorizations::revoke(&state, API_ACTOR, id, None).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -476,7 +482,7 @@ async fn pool_errors(State(state): State<AppState>) -> Json<Value> {
 
 async fn pending_tools(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     Ok(Json(
-        json!({"pending": service::pending_tools(&state).await?}),
+        json!({"pending": service::pins::pending(&state).await?}),
     ))
 }
 
@@ -501,7 +507,7 @@ async fn approve_tool(
     body: axum::body::Bytes,
 ) -> ApiResult<Json<Value>> {
     let body = decision_body(&body)?;
-    let d = service::decide_tool(
+    let d = service::pins::decide(
         &state,
         API_ACTOR,
         &name,
@@ -518,7 +524,7 @@ async fn reject_tool(
     body: axum::body::Bytes,
 ) -> ApiResult<Json<Value>> {
     let body = decision_body(&body)?;
-    let d = service::decide_tool(
+    let d = service::pins::decide(
         &state,
         API_ACTOR,
         &name,
@@ -541,7 +547,7 @@ async fn set_group_pin(
     Path(name): Path<String>,
     Json(body): Json<PinBody>,
 ) -> ApiResult<Json<Value>> {
-    let done = service::set_group_pin(&state, API_ACTOR, &name, body.pin).await?;
+    let done = service::pins::set_group_pin(&state, API_ACTOR, &name, body.pin).await?;
     Ok(Json(json!(done)))
 }
 
@@ -559,7 +565,7 @@ async fn revoke_token(
     let expires = body
         .expires_at
         .unwrap_or_else(|| chrono::Utc::now() + chrono::Duration::days(1));
-    service::revoke_jti(&state, API_ACTOR, body.jti, expires).await?;
+    service::tokens::revoke(&state, API_ACTOR, body.jti, expires).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -584,7 +590,7 @@ async fn set_limits(
     Path(name): Path<String>,
     Json(body): Json<LimitsBody>,
 ) -> ApiResult<Json<Value>> {
-    service::set_limits(&state, API_ACTOR, &name, body.rate_limits).await?;
+    service::agents::set_limits(&state, API_ACTOR, &name, body.rate_limits).await?;
     get_limits(State(state), Path(name)).await
 }
 
@@ -602,9 +608,7 @@ async fn list_audit(
     axum::extract::Query(q): axum::extract::Query<AuditQuery>,
 ) -> ApiResult<Json<Value>> {
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
-    let rows = crate::db::audit::list(&state.db, &q.filter, q.before, limit)
-        .await
-        .map_err(ServiceError::from)?;
+    let rows = audit_access::rows(&state, READER, &q.filter, q.before, limit).await?;
     let next = if rows.len() as i64 == limit {
         rows.last().and_then(|r| r.id)
     } else {
@@ -614,12 +618,8 @@ async fn list_audit(
 }
 
 async fn get_audit(State(state): State<AppState>, Path(id): Path<i64>) -> ApiResult<Json<Value>> {
-    let row = crate::db::audit::get(&state.db, id)
-        .await
-        .map_err(ServiceError::from)?;
-    Ok(Json(
-        json!({"event": row.ok_or_else(|| ServiceError::NotFound(format!("audit event {id}")))?}),
-    ))
+    let row = audit_access::row(&state, READER, id).await?;
+    Ok(Json(json!({"event": row})))
 }
 
 #[derive(Deserialize)]
@@ -629,43 +629,33 @@ struct ExportQuery {
     filter: crate::db::audit::AuditFilter,
 }
 
-/// Streams the export: one row in memory at a time, whatever the range.
+/// Streams the export: one row in memory at a time, whatever the range, once its record
+/// (`audit.export`, with the filter) is durable.
 async fn export_audit(
     State(state): State<AppState>,
     axum::extract::Query(q): axum::extract::Query<ExportQuery>,
-) -> Response {
-    audit_export_response(&state, q.format, q.filter)
-}
-
-pub fn audit_export_response(
-    state: &AppState,
-    format: crate::audit::export::Format,
-    filter: crate::db::audit::AuditFilter,
-) -> Response {
-    use crate::audit::export::{self, Format};
+) -> ApiResult<Response> {
     use futures::StreamExt;
-    let body = export::stream(state.db.clone(), format, filter).map(|r| {
-        r.map_err(|e| {
-            tracing::error!(error = %e, "audit export failed mid-stream");
-            std::io::Error::other("audit export failed")
-        })
-    });
-    let ext = match format {
-        Format::Csv => "csv",
-        Format::Jsonl => "jsonl",
-    };
-    (
+    let body = audit_access::export(&state, READER, q.format, q.filter)
+        .await?
+        .map(|r| {
+            r.map_err(|e| {
+                tracing::error!(error = %e, "audit export failed mid-stream");
+                std::io::Error::other("audit export failed")
+            })
+        });
+    Ok((
         [
-            (header::CONTENT_TYPE, format.content_type().to_owned()),
+            (header::CONTENT_TYPE, q.format.content_type().to_owned()),
             (
                 header::CONTENT_DISPOSITION,
-                format!("attachment; filename=\"toolgate-audit.{ext}\""),
+                format!("attachment; filename=\"{}\"", q.format.file_name()),
             ),
             (header::CACHE_CONTROL, "no-store".to_owned()),
         ],
         axum::body::Body::from_stream(body),
     )
-        .into_response()
+        .into_response())
 }
 
 /// Upstreams with their specs and live health on this instance.
@@ -687,7 +677,7 @@ async fn put_upstream(
     Path(name): Path<String>,
     Json(spec): Json<crate::upstream::UpstreamSpec>,
 ) -> ApiResult<StatusCode> {
-    service::set_upstream(&state, API_ACTOR, &name, spec).await?;
+    service::upstreams::set(&state, API_ACTOR, &name, spec).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -695,7 +685,7 @@ async fn delete_upstream(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    service::delete_upstream(&state, API_ACTOR, &name).await?;
+    service::upstreams::delete(&state, API_ACTOR, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -713,7 +703,7 @@ fn user_json(a: &crate::db::accounts::Account) -> Value {
 }
 
 async fn list_users(State(state): State<AppState>) -> ApiResult<Json<Value>> {
-    let users = crate::web::users::list(&state.db).await?;
+    let users = crate::service::accounts::list(&state).await?;
     Ok(Json(
         json!({"users": users.iter().map(user_json).collect::<Vec<_>>()}),
     ))
@@ -730,7 +720,7 @@ async fn create_user(
     State(state): State<AppState>,
     Json(body): Json<NewUser>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    crate::web::users::create_user(
+    crate::service::accounts::create(
         &state.db,
         API_ACTOR,
         &body.username,
@@ -738,7 +728,7 @@ async fn create_user(
         &body.role,
     )
     .await?;
-    let user = crate::web::users::get(&state.db, &body.username).await?;
+    let user = crate::service::accounts::get(&state, &body.username).await?;
     Ok((StatusCode::CREATED, Json(user_json(&user))))
 }
 
@@ -747,7 +737,7 @@ async fn get_user(
     Path(username): Path<String>,
 ) -> ApiResult<Json<Value>> {
     Ok(Json(user_json(
-        &crate::web::users::get(&state.db, &username).await?,
+        &crate::service::accounts::get(&state, &username).await?,
     )))
 }
 
@@ -755,7 +745,7 @@ async fn delete_user(
     State(state): State<AppState>,
     Path(username): Path<String>,
 ) -> ApiResult<StatusCode> {
-    crate::web::users::delete(&state, API_ACTOR, &username).await?;
+    crate::service::accounts::delete(&state, API_ACTOR, &username).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -769,7 +759,7 @@ async fn set_user_role(
     Path(username): Path<String>,
     Json(body): Json<RoleBody>,
 ) -> ApiResult<Json<Value>> {
-    crate::web::users::set_role(&state.db, API_ACTOR, &username, &body.role).await?;
+    crate::service::accounts::set_role(&state, API_ACTOR, &username, &body.role).await?;
     get_user(State(state), Path(username)).await
 }
 
@@ -777,7 +767,7 @@ async fn disable_user(
     State(state): State<AppState>,
     Path(username): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    crate::web::users::set_disabled(&state, API_ACTOR, &username, true).await?;
+    crate::service::accounts::set_disabled(&state, API_ACTOR, &username, true).await?;
     get_user(State(state), Path(username)).await
 }
 
@@ -785,7 +775,7 @@ async fn enable_user(
     State(state): State<AppState>,
     Path(username): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    crate::web::users::set_disabled(&state, API_ACTOR, &username, false).await?;
+    crate::service::accounts::set_disabled(&state, API_ACTOR, &username, false).await?;
     get_user(State(state), Path(username)).await
 }
 
@@ -793,7 +783,8 @@ async fn reset_user_password(
     State(state): State<AppState>,
     Path(username): Path<String>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let (token, expires) = crate::web::users::reset_link(&state.db, API_ACTOR, &username).await?;
+    let (token, expires) =
+        crate::service::accounts::reset_link(&state, API_ACTOR, &username).await?;
     Ok((
         StatusCode::CREATED,
         Json(json!({
@@ -807,7 +798,7 @@ async fn user_sessions(
     State(state): State<AppState>,
     Path(username): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let sessions = crate::web::users::sessions(&state.db, &username).await?;
+    let sessions = crate::service::accounts::sessions(&state, &username).await?;
     Ok(Json(json!({"sessions": sessions.iter().map(|s| json!({
         "id": s.id,
         "created_at": s.created_at,
@@ -822,7 +813,7 @@ async fn end_user_sessions(
     State(state): State<AppState>,
     Path(username): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let ended = crate::web::users::end_sessions(&state.db, API_ACTOR, &username, None).await?;
+    let ended = crate::service::accounts::end_sessions(&state, API_ACTOR, &username, None).await?;
     Ok(Json(json!({"ended": ended})))
 }
 
@@ -833,7 +824,8 @@ async fn end_user_session(
     let id: uuid::Uuid = id
         .parse()
         .map_err(|_| ServiceError::Invalid(format!("`{id}` is not a session id")))?;
-    let ended = crate::web::users::end_sessions(&state.db, API_ACTOR, &username, Some(id)).await?;
+    let ended =
+        crate::service::accounts::end_sessions(&state, API_ACTOR, &username, Some(id)).await?;
     if ended == 0 {
         return Err(ServiceError::NotFound(format!("session `{id}`")).into());
     }

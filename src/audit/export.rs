@@ -14,6 +14,18 @@ pub enum Format {
 }
 
 impl Format {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Csv => "csv",
+            Format::Jsonl => "jsonl",
+        }
+    }
+
+    /// The name a download of the export is offered under.
+    pub fn file_name(self) -> String {
+        format!("toolgate-audit.{}", self.as_str())
+    }
+
     pub fn content_type(self) -> &'static str {
         match self {
             Format::Csv => "text/csv; charset=utf-8",

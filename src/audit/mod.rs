@@ -184,6 +184,9 @@ text_enum! {
         AdminLogin = "admin.login",
         AdminLogout = "admin.logout",
         AuditExport = "audit.export",
+        /// Rows of the audit log were shown (a page, one event): who read, through what, with
+        /// what filter.
+        AuditRead = "audit.read",
         Retention = "audit.retention",
         /// A tool of a pinned group changed (or appeared) and is held: both hashes, and whether
         /// a `folder` edit or an `upstream` re-list changed it.

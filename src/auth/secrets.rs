@@ -16,6 +16,7 @@ use argon2::{Algorithm, Argon2, Block, Params, Version};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rand::RngCore;
+use sha2::{Digest, Sha256};
 
 /// Argon2 verifications running at once in this process; each holds one memory buffer.
 pub const CONCURRENT_VERIFICATIONS: usize = 2;
@@ -248,6 +249,22 @@ impl Verifier {
         };
         self.typical_micros.store(new, Ordering::Relaxed);
     }
+}
+
+/// 256 random bits, URL-safe.
+pub fn random_token() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    URL_SAFE_NO_PAD.encode(bytes)
+}
+
+pub fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+/// Compares digests, so that the time taken does not depend on where the strings differ.
+pub fn same_token(a: &str, b: &str) -> bool {
+    !a.is_empty() && Sha256::digest(a.as_bytes()) == Sha256::digest(b.as_bytes())
 }
 
 #[cfg(test)]

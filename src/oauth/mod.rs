@@ -16,7 +16,6 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use chrono::{TimeZone, Utc};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Value, json};
-use sqlx::PgPool;
 
 use crate::audit::{AuditEvent, EventKind, Outcome, RequestOrigin};
 use crate::auth::token::{self, AccessClaims, sign};
@@ -52,43 +51,6 @@ pub fn router() -> Router<AppState> {
             get(resource_metadata),
         )
         .route("/.well-known/jwks.json", get(jwks))
-}
-
-/// Creates the first signing key if the database has none.
-pub async fn ensure_signing_key(pool: &PgPool) -> anyhow::Result<()> {
-    let mut tx = pool.begin().await?;
-    // Two instances starting on an empty database must not both create a key.
-    db::locks::hold(&mut tx, db::locks::Lock::FirstSigningKey).await?;
-    if !db::keys::has_signing_key(&mut tx).await? {
-        let key = keys::generate()?;
-        db::keys::insert_signing_key(
-            &mut tx,
-            "toolgate",
-            &key.kid,
-            &key.private_pkcs8,
-            &key.public_key,
-        )
-        .await?;
-        tracing::info!(kid = %key.kid, "created the first token signing key");
-    }
-    tx.commit().await?;
-    Ok(())
-}
-
-/// Rotates the signing key; returns the new kid.
-pub async fn rotate_key(pool: &PgPool, actor: &str) -> anyhow::Result<String> {
-    let key = keys::generate()?;
-    let mut tx = pool.begin().await?;
-    db::keys::insert_signing_key(
-        &mut tx,
-        actor,
-        &key.kid,
-        &key.private_pkcs8,
-        &key.public_key,
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(key.kid)
 }
 
 /// An OAuth error response (RFC 6749 §5.2).
@@ -718,7 +680,7 @@ async fn revoke(
             .timestamp_opt(claims.exp, 0)
             .single()
             .unwrap_or_else(Utc::now);
-        if let Err(e) = crate::service::revoke_jti(
+        if let Err(e) = crate::service::tokens::revoke(
             &state,
             &format!("client:{}", client.client_id),
             jti,

@@ -1,6 +1,6 @@
 //! The account pages: list, create, disable, enable, delete, change role, reset a password
 //! (one-time link), and see or end an account's sessions. Every change goes through
-//! [`super::users`], the same functions as `/api/v1/users`.
+//! [`crate::service::accounts`], the same functions as `/api/v1/users`.
 
 use askama::Template;
 use axum::Form;
@@ -12,8 +12,8 @@ use serde::Deserialize;
 use super::WebState;
 use super::error::WebError;
 use super::session::{self, random_token, same_token, set_cookie};
-use super::users;
 use super::view::{ConfirmPage, Ctx, Flash, Nav, PageCtx, render, render_status, when};
+use crate::service::accounts as users;
 
 /// Double-submit token of the reset form, which has no session.
 const RESET_COOKIE: &str = "toolgate_reset";
@@ -53,7 +53,7 @@ struct IndexPage {
 }
 
 pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
-    let rows = users::list(&state.db).await?.iter().map(row).collect();
+    let rows = users::list(&state).await?.iter().map(row).collect();
     render(&IndexPage {
         page: ctx.page(Nav::Accounts, "Accounts"),
         rows,
@@ -77,7 +77,7 @@ pub async fn create(
     ctx: Ctx,
     Form(form): Form<NewAccount>,
 ) -> Result<Response, WebError> {
-    match users::create_user(
+    match users::create(
         &state.db,
         &ctx.admin.actor(),
         &form.username,
@@ -97,7 +97,7 @@ pub async fn create(
             if !status.is_client_error() {
                 return Err(e);
             }
-            let rows = users::list(&state.db).await?.iter().map(row).collect();
+            let rows = users::list(&state).await?.iter().map(row).collect();
             render_status(
                 status,
                 &IndexPage {
@@ -140,9 +140,9 @@ pub async fn show(
     ctx: Ctx,
     Path(username): Path<String>,
 ) -> Result<Response, WebError> {
-    let account = users::get(&state.db, &username).await?;
+    let account = users::get(&state, &username).await?;
     let current = crate::db::sessions::session_id(&state.db, &ctx.admin.session_hash).await?;
-    let sessions = users::sessions(&state.db, &username)
+    let sessions = users::sessions(&state, &username)
         .await?
         .into_iter()
         .map(|s| SessionRow {
@@ -198,7 +198,7 @@ pub async fn confirm(
     Path((username, action)): Path<(String, String)>,
 ) -> Result<Response, WebError> {
     ctx.admin.require_edit()?;
-    users::get(&state.db, &username).await?;
+    users::get(&state, &username).await?;
     let (question, consequences, button) =
         question(&action, &username).ok_or(WebError::NotFound)?;
     render(&ConfirmPage {
@@ -257,7 +257,7 @@ pub async fn act(
             ));
         }
         "role" => {
-            users::set_role(&state.db, &actor, &username, &form.role).await?;
+            users::set_role(&state, &actor, &username, &form.role).await?;
             format!("`{username}` now has the role `{}`.", form.role)
         }
         "end-sessions" => {
@@ -270,11 +270,11 @@ pub async fn act(
                         .map_err(|_| WebError::BadRequest("Not a session id.".into()))?,
                 )
             };
-            let n = users::end_sessions(&state.db, &actor, &username, one).await?;
+            let n = users::end_sessions(&state, &actor, &username, one).await?;
             format!("{n} session(s) of `{username}` ended.")
         }
         "reset" => {
-            let (token, expires) = users::reset_link(&state.db, &actor, &username).await?;
+            let (token, expires) = users::reset_link(&state, &actor, &username).await?;
             // Shown once, on this response only: it is as good as the password.
             return render(&ResetLinkPage {
                 page: ctx.page(Nav::Accounts, format!("Account {username}")),
@@ -399,7 +399,7 @@ pub async fn reset_submit(
     if form.password != form.confirm {
         return retry("The two passwords differ.".into(), username);
     }
-    match users::use_reset_link(&state.db, &token, &form.password).await {
+    match users::use_reset_link(&state, &token, &form.password).await {
         Ok(_) => {
             let mut r = Redirect::to("/admin/login?password_set=1").into_response();
             r.headers_mut().append(

@@ -18,7 +18,7 @@ use super::view::{
     ConfirmPage, Ctx, Flash, Nav, PageCtx, render, render_status, summary_line, thousands, when,
 };
 use crate::search::{AgentTokens, agent_tokens};
-use crate::service::{self, ServiceError};
+use crate::service::{self, ServiceError, audit_access};
 
 pub struct AgentListRow {
     pub name: String,
@@ -40,7 +40,7 @@ struct AgentsPage {
 }
 
 fn agent_rows(state: &WebState) -> Vec<AgentListRow> {
-    service::agent_summaries(&state.policy.load())
+    service::agents::summaries(&state.policy.load())
         .into_iter()
         .map(|a| AgentListRow {
             grants: a
@@ -82,7 +82,7 @@ pub async fn create(
     Form(form): Form<NewAgentForm>,
 ) -> Result<Response, WebError> {
     let name = form.name.trim();
-    match service::create_agent(
+    match service::agents::create(
         &state,
         &ctx.admin.actor(),
         name,
@@ -211,7 +211,7 @@ pub async fn show(
     let agent = snapshot
         .agent(&name)
         .ok_or_else(|| WebError::Missing(format!("Agent `{name}`")))?;
-    let mine: Vec<_> = service::agent_summaries(&snapshot)
+    let mine: Vec<_> = service::agents::summaries(&snapshot)
         .into_iter()
         .filter(|a| a.name == name)
         .collect();
@@ -244,7 +244,8 @@ pub async fn show(
         agent: Some(name.clone()),
         ..Default::default()
     };
-    let events = crate::db::audit::list(&state.db, &filter, None, 15)
+    let actor = ctx.admin.actor();
+    let events = audit_access::rows(&state, super::audit::reader(&actor), &filter, None, 15)
         .await?
         .iter()
         .map(event_row)
@@ -329,7 +330,7 @@ pub async fn delete(
     ctx: Ctx,
     Path(name): Path<String>,
 ) -> Result<Response, WebError> {
-    service::delete_agent(&state, &ctx.admin.actor(), &name).await?;
+    service::agents::delete(&state, &ctx.admin.actor(), &name).await?;
     Ok(redirect_with(
         &state,
         "/admin/agents",
@@ -361,7 +362,7 @@ pub async fn create_client(
     Path(name): Path<String>,
     Form(form): Form<NewClientForm>,
 ) -> Result<Response, WebError> {
-    let client = service::create_client_live(
+    let client = service::clients::create(
         &state,
         &ctx.admin.actor(),
         &name,
@@ -419,7 +420,7 @@ pub async fn revoke_client(
     Path(client_id): Path<String>,
 ) -> Result<Response, WebError> {
     let agent = client_agent(&state, &client_id).await?;
-    service::delete_client(&state, &ctx.admin.actor(), &client_id).await?;
+    service::clients::delete(&state, &ctx.admin.actor(), &client_id).await?;
     Ok(redirect_with(
         &state,
         &format!("/admin/agents/{agent}"),

@@ -118,7 +118,7 @@ pub async fn submit(
     let target = form.target.trim();
     let back = format!("/admin/agents/{name}/arguments");
     if form.action == "remove" {
-        service::delete_argument_rules(&state, &ctx.admin.actor(), &name, target).await?;
+        service::arguments::delete(&state, &ctx.admin.actor(), &name, target).await?;
         return Ok(redirect_with(
             &state,
             &back,
@@ -144,7 +144,7 @@ pub async fn submit(
         Err(e) => return invalid(format!("The rules are not JSON: {e}")),
     };
     if form.action != "save" {
-        return match service::preview_argument_rules(&state.policy.load(), &name, target, &params) {
+        return match service::arguments::preview(&state.policy.load(), &name, target, &params) {
             Ok((problems, schemas)) => {
                 let schemas = schemas
                     .into_iter()
@@ -164,7 +164,7 @@ pub async fn submit(
             Err(e) => Err(e.into()),
         };
     }
-    match service::set_argument_rules(&state, &ctx.admin.actor(), &name, target, &params).await {
+    match service::arguments::set(&state, &ctx.admin.actor(), &name, target, &params).await {
         Ok(set) => {
             let flash = match set.problems.first() {
                 Some(p) => Flash::warn(format!("Saved, but {}", p.message)),

@@ -2,9 +2,9 @@
 //! current filter through the same streaming export as the API and the command line.
 
 use askama::Template;
-use axum::Extension;
 use axum::extract::{Path, Query, State};
-use axum::response::Response;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use serde::Deserialize;
 
@@ -15,6 +15,8 @@ use crate::audit::chain::ChainedEvent;
 use crate::audit::export::Format;
 use crate::audit::{EventKind, Outcome};
 use crate::db::audit::AuditFilter;
+use crate::service::ServiceError;
+use crate::service::audit_access::{self, Channel, Reader};
 
 const PAGE_SIZE: i64 = 50;
 
@@ -198,7 +200,8 @@ pub async fn index(
             }
         },
     };
-    let rows = crate::db::audit::list(&state.db, &filter, before, PAGE_SIZE).await?;
+    let actor = ctx.admin.actor();
+    let rows = audit_access::rows(&state, reader(&actor), &filter, before, PAGE_SIZE).await?;
     let qs = q.query_string();
     let with = |extra: &str| {
         if qs.is_empty() {
@@ -281,9 +284,13 @@ pub async fn show(
     Path(id): Path<String>,
 ) -> Result<Response, WebError> {
     let id: i64 = id.parse().map_err(|_| WebError::NotFound)?;
-    let row = crate::db::audit::get(&state.db, id)
-        .await?
-        .ok_or_else(|| WebError::Missing(format!("Audit event {id}")))?;
+    let actor = ctx.admin.actor();
+    let row = match audit_access::row(&state, reader(&actor), id).await {
+        Err(ServiceError::NotFound(_)) => {
+            return Err(WebError::Missing(format!("Audit event {id}")));
+        }
+        r => r?,
+    };
     let e = &row.event;
     let opt = |v: &Option<String>| v.clone().unwrap_or_default();
     let num = |v: Option<i64>| v.map(|n| n.to_string()).unwrap_or_default();
@@ -377,7 +384,6 @@ pub async fn show(
 pub async fn export(
     State(state): State<WebState>,
     ctx: Ctx,
-    origin: Option<Extension<crate::audit::RequestOrigin>>,
     Query(q): Query<AuditQuery>,
 ) -> Result<Response, WebError> {
     if !ctx.role().can_export() {
@@ -399,15 +405,41 @@ pub async fn export(
         return Err(WebError::BadRequest(e));
     }
     // Who took a copy of the log, and of what, is itself part of the record.
-    let mut e = crate::audit::AuditEvent::new(
-        crate::audit::EventKind::AuditExport,
-        crate::audit::Outcome::Success,
+    let actor = ctx.admin.actor();
+    let body = audit_access::export(&state, reader(&actor), format, filter).await?;
+    Ok(export_response(format, body))
+}
+
+/// Who reads the log through these pages.
+pub(super) fn reader(actor: &str) -> Reader<'_> {
+    Reader {
+        who: actor,
+        channel: Channel::Ui,
+    }
+}
+
+/// An export as a download: streamed, one row in memory at a time, never cached.
+fn export_response(
+    format: Format,
+    body: impl futures::Stream<Item = Result<bytes::Bytes, sqlx::Error>> + Send + 'static,
+) -> Response {
+    use futures::StreamExt;
+    let body = body.map(|r| {
+        r.map_err(|e| {
+            tracing::error!(error = %e, "audit export failed mid-stream");
+            std::io::Error::other("audit export failed")
+        })
+    });
+    (
+        [
+            (header::CONTENT_TYPE, format.content_type().to_owned()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{}\"", format.file_name()),
+            ),
+            (header::CACHE_CONTROL, "no-store".to_owned()),
+        ],
+        axum::body::Body::from_stream(body),
     )
-    .from_origin(origin.as_ref().map(|Extension(o)| o));
-    e.admin_user = Some(ctx.admin.actor());
-    e.resource = Some("audit_events".into());
-    e.details =
-        Some(serde_json::json!({"format": q.format, "filter": q.query_string()}).to_string());
-    state.audit.record_detached(e);
-    Ok(crate::api::audit_export_response(&state, format, filter))
+        .into_response()
 }

@@ -83,7 +83,7 @@ pub async fn revoke(
     let id = uuid::Uuid::parse_str(&id).map_err(|_| WebError::NotFound)?;
     // A person revokes only their own; an admin anyone's. Someone else's id is "not found".
     let only = (!admin.role.can_edit()).then_some(admin.username.as_str());
-    service::revoke_authorization(&state, &admin.actor(), id, only).await?;
+    service::authorizations::revoke(&state, &admin.actor(), id, only).await?;
     Ok(redirect_with(
         &state,
         "/admin/authorizations",
@@ -105,7 +105,7 @@ pub async fn add_user(
     Form(form): Form<UserForm>,
 ) -> Result<Response, WebError> {
     let username = form.username.trim();
-    service::add_agent_user(&state, &admin.actor(), &name, username).await?;
+    service::agents::add_user(&state, &admin.actor(), &name, username).await?;
     Ok(redirect_with(
         &state,
         &format!("/admin/agents/{name}"),
@@ -120,7 +120,7 @@ pub async fn remove_user(
     Path(name): Path<String>,
     Form(form): Form<UserForm>,
 ) -> Result<Response, WebError> {
-    service::remove_agent_user(&state, &admin.actor(), &name, &form.username).await?;
+    service::agents::remove_user(&state, &admin.actor(), &name, &form.username).await?;
     Ok(redirect_with(
         &state,
         &format!("/admin/agents/{name}"),

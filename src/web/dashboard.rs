@@ -9,7 +9,7 @@ use super::WebState;
 use super::error::WebError;
 use super::view::{Ctx, Nav, PageCtx, render, thousands};
 use crate::policy::snapshot::PolicySnapshot;
-use crate::service::{self, AgentSummary};
+use crate::service::{self, agents::AgentSummary};
 
 /// A grant that matches no tool, with the nearest existing names.
 pub struct ZeroMatch {
@@ -123,10 +123,10 @@ struct DashboardPage {
 
 pub async fn show(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
     let snapshot = state.policy.load();
-    let summaries = service::agent_summaries(&snapshot);
+    let summaries = service::agents::summaries(&snapshot);
     let (zero_match, blind) = problems(&summaries);
     let since = chrono::Utc::now() - chrono::Duration::hours(24);
-    let (calls, denials) = crate::db::audit::counts_since(&state.db, since).await?;
+    let (calls, denials) = service::audit_access::counts_since(&state, since).await?;
     let page = DashboardPage {
         page: ctx.page(Nav::Dashboard, "Dashboard"),
         zero_match,

@@ -53,7 +53,7 @@ pub struct PreviewView {
 
 fn preview(snapshot: &PolicySnapshot, target: &str) -> PreviewView {
     let target = target.trim();
-    match service::preview_grant(snapshot, target) {
+    match service::grants::preview(snapshot, target) {
         Ok((tools, suggestions)) => PreviewView {
             target: target.to_owned(),
             error: None,
@@ -87,7 +87,7 @@ struct GrantsPage {
 
 pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
     let snapshot = state.policy.load();
-    let (zero_match, _) = problems(&service::agent_summaries(&snapshot));
+    let (zero_match, _) = problems(&service::agents::summaries(&snapshot));
     let rows = snapshot
         .agents()
         .into_iter()
@@ -185,7 +185,7 @@ pub async fn submit(
     if form.action != "save" {
         return render(&editor(&state, &ctx, &form.agent, &form.target, None));
     }
-    match service::add_grant(&state, &ctx.admin.actor(), &form.agent, &form.target).await {
+    match service::grants::add(&state, &ctx.admin.actor(), &form.agent, &form.target).await {
         Ok(added) => {
             let flash = match &added.warning {
                 Some(w) => Flash::warn(format!("Added, but {w}")),
@@ -263,7 +263,7 @@ pub async fn confirm_remove(
         .ok_or_else(|| {
             WebError::Missing(format!("The grant `{}` of agent `{}`", q.target, q.agent))
         })?;
-    let (matched, _) = service::preview_grant(&snapshot, &q.target)?;
+    let (matched, _) = service::grants::preview(&snapshot, &q.target)?;
     let mut consequences = vec![if grant.matched_tools == 0 {
         "It matches no tool, so the agent loses nothing.".to_owned()
     } else {
@@ -293,7 +293,7 @@ pub async fn remove(
     ctx: Ctx,
     Form(form): Form<RemoveForm>,
 ) -> Result<Response, WebError> {
-    service::remove_grant(&state, &ctx.admin.actor(), &form.agent, &form.target).await?;
+    service::grants::remove(&state, &ctx.admin.actor(), &form.agent, &form.target).await?;
     Ok(redirect_with(
         &state,
         &format!("/admin/agents/{}", form.agent),

@@ -260,7 +260,7 @@ pub async fn save(
 ) -> Result<Response, WebError> {
     let (rows, parsed) = read_rows(&fields);
     let result = match parsed {
-        Ok(limits) => service::set_limits(&state, &ctx.admin.actor(), &name, limits)
+        Ok(limits) => service::agents::set_limits(&state, &ctx.admin.actor(), &name, limits)
             .await
             .map_err(|e| match e {
                 ServiceError::Invalid(m) => Ok(m),

@@ -21,7 +21,6 @@ mod pins;
 pub mod session;
 pub mod sso;
 mod tools;
-pub mod users;
 mod view;
 
 use axum::Router;
@@ -75,6 +74,13 @@ impl Deref for WebState {
     type Target = AppState;
     fn deref(&self) -> &AppState {
         &self.app
+    }
+}
+
+/// Changes made from the UI are live: this instance's snapshot follows before the page answers.
+impl<'a> From<&'a WebState> for crate::service::Plane<'a> {
+    fn from(state: &'a WebState) -> Self {
+        crate::service::Plane::Live(&state.app)
     }
 }
 

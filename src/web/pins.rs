@@ -63,7 +63,7 @@ struct PendingPage {
 }
 
 pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
-    let held = service::pending_tools(&state)
+    let held = service::pins::pending(&state)
         .await?
         .into_iter()
         .map(|p| HeldView {
@@ -100,7 +100,7 @@ pub async fn approve(
     ctx: Ctx,
     Form(form): Form<DecisionForm>,
 ) -> Result<Response, WebError> {
-    let d = service::decide_tool(
+    let d = service::pins::decide(
         &state,
         &ctx.admin.actor(),
         &form.name,
@@ -123,7 +123,7 @@ pub async fn reject(
     ctx: Ctx,
     Form(form): Form<DecisionForm>,
 ) -> Result<Response, WebError> {
-    let d = service::decide_tool(
+    let d = service::pins::decide(
         &state,
         &ctx.admin.actor(),
         &form.name,

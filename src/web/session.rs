@@ -14,10 +14,6 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use rand::RngCore;
-use sha2::{Digest, Sha256};
 
 use super::WebState;
 use super::error::WebError;
@@ -70,60 +66,7 @@ impl AccountSettings {
     }
 }
 
-/// What an admin account may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// Edits everything.
-    Admin,
-    /// Reads everything and exports the audit log; edits nothing.
-    Auditor,
-    /// Reads everything except tool arguments and results in the audit log.
-    Viewer,
-    /// May only act as agents (through an interactive host); no admin page lets it in.
-    Member,
-}
-
-impl Role {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "admin" => Some(Role::Admin),
-            "auditor" => Some(Role::Auditor),
-            "viewer" => Some(Role::Viewer),
-            "member" => Some(Role::Member),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Admin => "admin",
-            Role::Auditor => "auditor",
-            Role::Viewer => "viewer",
-            Role::Member => "member",
-        }
-    }
-
-    /// Every role, most privileged first (the order in which a claim mapping picks one).
-    pub const ALL: [Role; 4] = [Role::Admin, Role::Auditor, Role::Viewer, Role::Member];
-
-    /// Whether the admin pages (other than [`MEMBER_PAGES`]) let this role in at all.
-    pub fn can_use_admin_pages(self) -> bool {
-        self != Role::Member
-    }
-
-    pub fn can_edit(self) -> bool {
-        self == Role::Admin
-    }
-
-    pub fn can_export(self) -> bool {
-        matches!(self, Role::Admin | Role::Auditor)
-    }
-
-    /// Tool arguments (and results, and messages quoting them) in the audit log.
-    pub fn can_see_arguments(self) -> bool {
-        matches!(self, Role::Admin | Role::Auditor)
-    }
-}
+pub use crate::service::accounts::Role;
 
 /// The signed-in user of a request, put in its extensions by [`require_session`].
 #[derive(Debug, Clone)]
@@ -164,21 +107,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Admin {
     }
 }
 
-/// 256 random bits, URL-safe.
-pub fn random_token() -> String {
-    let mut bytes = [0u8; 32];
-    rand::rngs::OsRng.fill_bytes(&mut bytes);
-    URL_SAFE_NO_PAD.encode(bytes)
-}
-
-pub fn sha256_hex(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
-}
-
-/// Compares digests, so that the time taken does not depend on where the strings differ.
-pub fn same_token(a: &str, b: &str) -> bool {
-    !a.is_empty() && Sha256::digest(a.as_bytes()) == Sha256::digest(b.as_bytes())
-}
+pub use crate::auth::secrets::{random_token, same_token, sha256_hex};
 
 /// The value of cookie `name`, if the request carries it.
 pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {

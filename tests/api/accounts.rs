@@ -300,7 +300,7 @@ async fn a_member_is_refused_on_every_admin_page_but_sign_out(pool: PgPool) {
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn password_sign_in_off_refuses_even_a_right_password(pool: PgPool) {
     let app = app_with(pool, &["--password-sign-in", "off"]).await;
-    toolgate::web::users::create_user(&app.state.db, "test", "ada", PASSWORD, "admin")
+    toolgate::service::accounts::create(&app.state.db, "test", "ada", PASSWORD, "admin")
         .await
         .unwrap();
     let mut b = Browser::new(&app);
@@ -676,14 +676,14 @@ async fn an_admin_manages_an_account_through_the_pages(pool: PgPool) {
 async fn two_admins_disabling_each_other_at_once_leave_one_enabled(pool: PgPool) {
     let app = TestApp::new(pool).await;
     for name in ["ada", "grace"] {
-        toolgate::web::users::create_user(&app.state.db, "test", name, PASSWORD, "admin")
+        toolgate::service::accounts::create(&app.state.db, "test", name, PASSWORD, "admin")
             .await
             .unwrap();
     }
     for _ in 0..10 {
         let (a, b) = tokio::join!(
-            toolgate::web::users::set_disabled(&app.state, "admin:grace", "ada", true),
-            toolgate::web::users::set_disabled(&app.state, "admin:ada", "grace", true),
+            toolgate::service::accounts::set_disabled(&app.state, "admin:grace", "ada", true),
+            toolgate::service::accounts::set_disabled(&app.state, "admin:ada", "grace", true),
         );
         assert!(a.is_ok() != b.is_ok(), "exactly one may pass: {a:?} {b:?}");
         let enabled: i64 = sqlx::query_scalar(
@@ -706,7 +706,7 @@ async fn a_federated_account_is_keyed_by_issuer_and_subject_never_by_name(pool: 
     use toolgate::db::sessions::end_federated_sessions;
     let app = TestApp::new(pool).await;
     // A local `alice` exists; the provider's alice must not become her.
-    toolgate::web::users::create_user(&app.state.db, "test", "alice", PASSWORD, "viewer")
+    toolgate::service::accounts::create(&app.state.db, "test", "alice", PASSWORD, "viewer")
         .await
         .unwrap();
     let names = ["alice".to_owned(), "alice-2".to_owned()];

@@ -1329,3 +1329,185 @@ async fn a_user_agent_that_is_not_utf8_is_recorded_with_the_bad_bytes_replaced(p
     assert_eq!(stored, ["probe/1 \u{fffd}\u{fffd}"]);
     assert_eq!(walk(&pool).await, Ok(()));
 }
+
+/// The `audit.export` and `audit.read` rows, oldest first: kind, actor, chain, request id,
+/// user agent and details.
+async fn accesses(
+    pool: &PgPool,
+) -> Vec<(
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Value,
+)> {
+    sqlx::query(
+        "SELECT event_type, admin_user, chain, request_id, user_agent, details FROM audit_events
+         WHERE event_type IN ('audit.export', 'audit.read') ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|r| {
+        let details: String = r.get("details");
+        (
+            r.get("event_type"),
+            r.get("admin_user"),
+            r.get("chain"),
+            r.get("request_id"),
+            r.get("user_agent"),
+            serde_json::from_str(&details).unwrap(),
+        )
+    })
+    .collect()
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn every_channel_leaves_a_record_of_reading_the_log(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let token = app.token_for("assistant").await;
+    app.call(&token, "search__query", json!({"q": "deploy"}))
+        .await;
+
+    // The API, with a user agent to be recognised by.
+    let api_export = app
+        .send(
+            http::Request::get(
+                "/api/v1/audit/export?format=jsonl&agent=assistant&tool=search__query",
+            )
+            .header(
+                "authorization",
+                format!("Bearer {}", crate::helpers::ADMIN_TOKEN),
+            )
+            .header("user-agent", "siem-puller/1.0")
+            .body(axum::body::Body::empty())
+            .unwrap(),
+        )
+        .await;
+    assert_eq!(api_export.status, StatusCode::OK, "{}", api_export.text);
+    let api_page = app
+        .admin("GET", "/api/v1/audit?limit=5&agent=assistant", None)
+        .await;
+    assert_eq!(api_page.status, StatusCode::OK, "{}", api_page.text);
+    let first_id = api_page.body["events"][0]["id"].as_i64().unwrap();
+    let api_one = app
+        .admin("GET", &format!("/api/v1/audit/{first_id}"), None)
+        .await;
+    assert_eq!(api_one.status, StatusCode::OK, "{}", api_one.text);
+    // The UI, signed in as an auditor.
+    let mut auditor = crate::web::Browser::signed_in(&app, "aud", "auditor").await;
+    let ui_export = auditor
+        .get("/admin/audit/export?format=csv&event_type=tool.result")
+        .await;
+    assert_eq!(ui_export.status, StatusCode::OK, "{}", ui_export.text);
+    let ui_page = auditor.get("/admin/audit?agent=assistant").await;
+    assert_eq!(ui_page.status, StatusCode::OK);
+    // The command line, run by a named operating-system account.
+    let cli_export = tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args([
+            "audit",
+            "export",
+            "--format",
+            "jsonl",
+            "--outcome",
+            "denied",
+        ])
+        .env("DATABASE_URL", db_url(&pool).await)
+        .env("TOOLGATE_LOG", "warn")
+        .env("USER", "grace")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        cli_export.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli_export.stderr)
+    );
+
+    let rows = accesses(&pool).await;
+    let kinds: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| (r.0.as_str(), r.1.as_str(), r.5["channel"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("audit.export", "api:admin-token", "api"),
+            ("audit.read", "api:admin-token", "api"),
+            ("audit.read", "api:admin-token", "api"),
+            ("audit.export", "admin:aud", "ui"),
+            ("audit.read", "admin:aud", "ui"),
+            ("audit.export", "cli", "cli"),
+        ]
+    );
+    // Every one in the control-plane chain, which `audit verify` walks like any other.
+    assert!(rows.iter().all(|r| r.2 == "control-plane"), "{rows:?}");
+    // From where: the request (its id, and the user agent the puller sent), or the account
+    // that ran the command.
+    assert_eq!(rows[0].4.as_deref(), Some("siem-puller/1.0"));
+    assert!(rows[..5].iter().all(|r| r.3.is_some()), "{rows:?}");
+    assert_eq!(rows[5].5["os_user"], "grace");
+    assert!(rows[5].3.is_none());
+    // With what filter, every field of it.
+    assert_eq!(rows[0].5["format"], "jsonl");
+    assert_eq!(rows[0].5["filter"]["agent"], "assistant");
+    assert_eq!(rows[0].5["filter"]["tool"], "search__query");
+    assert_eq!(rows[1].5["filter"]["agent"], "assistant");
+    assert_eq!(rows[1].5["limit"], 5);
+    assert_eq!(rows[2].5["id"], first_id);
+    assert_eq!(rows[3].5["format"], "csv");
+    assert_eq!(rows[3].5["filter"]["event_type"], "tool.result");
+    assert_eq!(rows[4].5["filter"]["agent"], "assistant");
+    assert_eq!(rows[5].5["filter"]["outcome"], "denied");
+    // The chain still verifies with the records of its reading in it.
+    let (ok, out) = verify_db(&pool, &[]).await;
+    assert!(ok, "{out}");
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_read_that_cannot_be_recorded_is_refused(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    // A database user who may read the log but whose writes to it fail: the record of the
+    // read cannot be made, so neither the page nor the export is served.
+    sqlx::query(
+        "CREATE FUNCTION refuse_reads_record() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.event_type IN ('audit.read', 'audit.export') THEN
+             RAISE EXCEPTION 'no writes';
+           END IF;
+           RETURN NEW;
+         END $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER refuse_reads_record BEFORE INSERT ON audit_events
+         FOR EACH ROW EXECUTE FUNCTION refuse_reads_record()",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let page = app.admin("GET", "/api/v1/audit", None).await;
+    let export = app
+        .admin("GET", "/api/v1/audit/export?format=csv", None)
+        .await;
+
+    assert!(
+        page.status.is_server_error(),
+        "{}: {}",
+        page.status,
+        page.text
+    );
+    assert!(page.body.get("events").is_none(), "{}", page.text);
+    assert!(
+        export.status.is_server_error(),
+        "{}: {}",
+        export.status,
+        export.text
+    );
+    assert!(!export.text.starts_with("id,at"), "{}", export.text);
+}

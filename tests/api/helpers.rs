@@ -58,7 +58,7 @@ impl TestApp {
         };
         let settings = Settings::from_args(&serve).unwrap();
         let surfaces = toolgate::app::Surfaces::from_args(&serve, &settings).unwrap();
-        toolgate::oauth::ensure_signing_key(&pool).await.unwrap();
+        toolgate::service::keys::ensure_first(&pool).await.unwrap();
         if let Some(dir) = policies {
             let catalog = toolgate::pool::loader::load_pool(tools, None, &settings.loader);
             toolgate::policy::files::apply_dir(&pool, dir, &catalog, "test", false, false)

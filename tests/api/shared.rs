@@ -200,7 +200,7 @@ async fn sign_in(app: &TestApp, ip: &str, username: &str, password: &str) -> Rep
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn sign_in_failures_on_one_instance_count_on_the_other(pool: PgPool) {
     let (a, b) = two_instances(&pool).await;
-    toolgate::web::users::create_user(&a.state.db, "test", "ada", PASSWORD, "admin")
+    toolgate::service::accounts::create(&a.state.db, "test", "ada", PASSWORD, "admin")
         .await
         .unwrap();
 
@@ -233,7 +233,7 @@ async fn sign_in_failures_on_one_instance_count_on_the_other(pool: PgPool) {
     let next = sign_in(&a, "198.51.100.7", "somebody", "guess").await;
     assert_eq!(next.status, StatusCode::TOO_MANY_REQUESTS, "{}", next.text);
     // Another address and another name are not held back by either.
-    toolgate::web::users::create_user(&a.state.db, "test", "grace", PASSWORD, "admin")
+    toolgate::service::accounts::create(&a.state.db, "test", "grace", PASSWORD, "admin")
         .await
         .unwrap();
     let other = sign_in(&b, "203.0.113.5", "grace", PASSWORD).await;
@@ -243,7 +243,7 @@ async fn sign_in_failures_on_one_instance_count_on_the_other(pool: PgPool) {
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn concurrent_guesses_on_two_instances_get_no_more_than_the_budget(pool: PgPool) {
     let (a, b) = two_instances(&pool).await;
-    toolgate::web::users::create_user(&a.state.db, "test", "ada", PASSWORD, "admin")
+    toolgate::service::accounts::create(&a.state.db, "test", "ada", PASSWORD, "admin")
         .await
         .unwrap();
 
@@ -362,7 +362,7 @@ async fn cleanup_removes_expired_assertion_ids_and_idle_throttles_only(pool: PgP
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn sign_in_is_refused_when_attempts_cannot_be_counted(pool: PgPool) {
     let app = TestApp::new(pool.clone()).await;
-    toolgate::web::users::create_user(&app.state.db, "test", "ada", PASSWORD, "admin")
+    toolgate::service::accounts::create(&app.state.db, "test", "ada", PASSWORD, "admin")
         .await
         .unwrap();
     sqlx::query("ALTER TABLE admin_signin_throttle RENAME TO admin_signin_throttle_gone")

@@ -390,7 +390,9 @@ async fn key_rotation_keeps_tokens_of_the_previous_key(pool: PgPool) {
     let app = TestApp::new(pool.clone()).await;
     let before = app.token_for("assistant").await;
 
-    toolgate::oauth::rotate_key(&pool, "test").await.unwrap();
+    toolgate::service::keys::rotate(&pool, "test")
+        .await
+        .unwrap();
     app.state.reload_policy().await.unwrap();
     let after = app.token_for("assistant").await;
 
@@ -540,8 +542,12 @@ async fn a_remembered_token_still_expires_and_dies_with_its_key(pool: PgPool) {
         app.get("/openapi.json", Some(&good)).await.status,
         StatusCode::OK
     );
-    toolgate::oauth::rotate_key(&pool, "test").await.unwrap();
-    toolgate::oauth::rotate_key(&pool, "test").await.unwrap();
+    toolgate::service::keys::rotate(&pool, "test")
+        .await
+        .unwrap();
+    toolgate::service::keys::rotate(&pool, "test")
+        .await
+        .unwrap();
     app.state.reload_policy().await.unwrap();
     assert_eq!(
         app.get("/openapi.json", Some(&good)).await.status,

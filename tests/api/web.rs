@@ -28,7 +28,7 @@ impl<'a> Browser<'a> {
 
     /// Creates `username` with `role` and signs in.
     pub(crate) async fn signed_in(app: &'a TestApp, username: &str, role: &str) -> Self {
-        toolgate::web::users::create_user(&app.state.db, "test", username, PASSWORD, role)
+        toolgate::service::accounts::create(&app.state.db, "test", username, PASSWORD, role)
             .await
             .unwrap();
         let mut b = Self::new(app);
@@ -140,7 +140,7 @@ fn grants_of(app: &TestApp, agent: &str) -> Vec<String> {
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn signing_in_sets_a_strict_httponly_session_cookie(pool: PgPool) {
     let app = TestApp::new(pool).await;
-    toolgate::web::users::create_user(&app.state.db, "test", "ada", PASSWORD, "admin")
+    toolgate::service::accounts::create(&app.state.db, "test", "ada", PASSWORD, "admin")
         .await
         .unwrap();
     let mut b = Browser::new(&app);
@@ -183,7 +183,7 @@ async fn the_session_cookie_is_secure_when_the_public_url_is_https(pool: PgPool)
         &["--public-url", "https://gateway.example.com"],
     )
     .await;
-    toolgate::web::users::create_user(&app.state.db, "test", "ada", PASSWORD, "admin")
+    toolgate::service::accounts::create(&app.state.db, "test", "ada", PASSWORD, "admin")
         .await
         .unwrap();
     let mut b = Browser::new(&app);
@@ -206,7 +206,7 @@ async fn the_session_cookie_is_secure_when_the_public_url_is_https(pool: PgPool)
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn a_wrong_password_is_refused_without_a_session(pool: PgPool) {
     let app = TestApp::new(pool).await;
-    toolgate::web::users::create_user(&app.state.db, "test", "ada", PASSWORD, "admin")
+    toolgate::service::accounts::create(&app.state.db, "test", "ada", PASSWORD, "admin")
         .await
         .unwrap();
     let mut b = Browser::new(&app);
@@ -225,7 +225,7 @@ async fn a_wrong_password_is_refused_without_a_session(pool: PgPool) {
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn sign_in_attempts_are_rate_limited_per_username(pool: PgPool) {
     let app = TestApp::new(pool).await;
-    toolgate::web::users::create_user(&app.state.db, "test", "ada", PASSWORD, "admin")
+    toolgate::service::accounts::create(&app.state.db, "test", "ada", PASSWORD, "admin")
         .await
         .unwrap();
     let mut b = Browser::new(&app);
@@ -254,7 +254,7 @@ async fn sign_in_attempts_are_rate_limited_per_username(pool: PgPool) {
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn the_sign_in_form_needs_its_own_csrf_token(pool: PgPool) {
     let app = TestApp::new(pool).await;
-    toolgate::web::users::create_user(&app.state.db, "test", "ada", PASSWORD, "admin")
+    toolgate::service::accounts::create(&app.state.db, "test", "ada", PASSWORD, "admin")
         .await
         .unwrap();
     let mut b = Browser::new(&app);

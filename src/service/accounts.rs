@@ -1,21 +1,74 @@
-//! Admin accounts: what the account pages, the `/api/v1/users` API and `toolgate admin
+//! Accounts of people: what the account pages, the `/api/v1/users` API and `toolgate admin
 //! create-user` do, with the rules they share (the last enabled admin stays, federated accounts
 //! have no password to reset).
 
-use crate::auth::secrets;
+use super::{Plane, ServiceError};
+use crate::auth::secrets::{self, random_token, sha256_hex};
 use crate::db;
 use crate::db::accounts::Account;
 use crate::db::sessions::SessionInfo;
-use crate::service::ServiceError;
 
-use super::Role;
+/// What an admin account may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Edits everything.
+    Admin,
+    /// Reads everything and exports the audit log; edits nothing.
+    Auditor,
+    /// Reads everything except tool arguments and results in the audit log.
+    Viewer,
+    /// May only act as agents (through an interactive host); no admin page lets it in.
+    Member,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "admin" => Some(Role::Admin),
+            "auditor" => Some(Role::Auditor),
+            "viewer" => Some(Role::Viewer),
+            "member" => Some(Role::Member),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Auditor => "auditor",
+            Role::Viewer => "viewer",
+            Role::Member => "member",
+        }
+    }
+
+    /// Every role, most privileged first (the order in which a claim mapping picks one).
+    pub const ALL: [Role; 4] = [Role::Admin, Role::Auditor, Role::Viewer, Role::Member];
+
+    /// Whether the admin pages (other than [`MEMBER_PAGES`]) let this role in at all.
+    pub fn can_use_admin_pages(self) -> bool {
+        self != Role::Member
+    }
+
+    pub fn can_edit(self) -> bool {
+        self == Role::Admin
+    }
+
+    pub fn can_export(self) -> bool {
+        matches!(self, Role::Admin | Role::Auditor)
+    }
+
+    /// Tool arguments (and results, and messages quoting them) in the audit log.
+    pub fn can_see_arguments(self) -> bool {
+        matches!(self, Role::Admin | Role::Auditor)
+    }
+}
 
 /// Shortest password accepted for an admin account.
 pub const MIN_PASSWORD_CHARS: usize = 12;
 
 /// Creates an account with an argon2id hash of `password`.
-pub async fn create_user(
-    pool: &sqlx::PgPool,
+pub async fn create<'a>(
+    on: impl Into<Plane<'a>>,
     actor: &str,
     username: &str,
     password: &str,
@@ -45,7 +98,7 @@ pub async fn create_user(
     let hash = tokio::task::spawn_blocking(move || secrets::hash(&password))
         .await
         .map_err(anyhow::Error::from)??;
-    let mut tx = pool.begin().await?;
+    let mut tx = on.into().db().begin().await?;
     if !db::accounts::create_user(&mut tx, actor, username, &hash, role.as_str()).await? {
         return Err(ServiceError::Conflict(format!(
             "an admin user `{username}` already exists"
@@ -58,12 +111,12 @@ pub async fn create_user(
 /// How long a password reset link works.
 pub const RESET_MINUTES: i64 = 30;
 
-pub async fn list(pool: &sqlx::PgPool) -> Result<Vec<Account>, ServiceError> {
-    Ok(db::accounts::list(pool).await?)
+pub async fn list<'a>(on: impl Into<Plane<'a>>) -> Result<Vec<Account>, ServiceError> {
+    Ok(db::accounts::list(on.into().db()).await?)
 }
 
-pub async fn get(pool: &sqlx::PgPool, username: &str) -> Result<Account, ServiceError> {
-    let mut conn = pool.acquire().await?;
+pub async fn get<'a>(on: impl Into<Plane<'a>>, username: &str) -> Result<Account, ServiceError> {
+    let mut conn = on.into().db().acquire().await?;
     db::accounts::get(&mut conn, username)
         .await?
         .ok_or_else(|| ServiceError::NotFound(format!("account `{username}`")))
@@ -86,13 +139,14 @@ async fn keep_an_admin(conn: &mut sqlx::PgConnection, username: &str) -> Result<
 }
 
 /// Disables (ending its sessions at once) or enables an account.
-pub async fn set_disabled(
-    state: &crate::state::AppState,
+pub async fn set_disabled<'a>(
+    on: impl Into<Plane<'a>>,
     actor: &str,
     username: &str,
     disabled: bool,
 ) -> Result<(), ServiceError> {
-    let mut tx = state.db.begin().await?;
+    let on = on.into();
+    let mut tx = on.db().begin().await?;
     if disabled {
         keep_an_admin(&mut tx, username).await?;
     }
@@ -100,37 +154,30 @@ pub async fn set_disabled(
         return Err(missing(username));
     }
     tx.commit().await?;
-    refresh_hosts(state).await;
+    on.reload().await;
     Ok(())
 }
 
-/// Host tokens of a disabled or deleted person must fail on their next request here, not
-/// only once NOTIFY has reached this instance.
-async fn refresh_hosts(state: &crate::state::AppState) {
-    if let Err(e) = state.reload_policy().await {
-        tracing::warn!(error = %e, "refreshing the policy snapshot failed; NOTIFY will catch up");
-    }
-}
-
-pub async fn delete(
-    state: &crate::state::AppState,
+pub async fn delete<'a>(
+    on: impl Into<Plane<'a>>,
     actor: &str,
     username: &str,
 ) -> Result<(), ServiceError> {
-    let mut tx = state.db.begin().await?;
+    let on = on.into();
+    let mut tx = on.db().begin().await?;
     keep_an_admin(&mut tx, username).await?;
     if !db::accounts::delete(&mut tx, actor, username).await? {
         return Err(missing(username));
     }
     tx.commit().await?;
-    refresh_hosts(state).await;
+    on.reload().await;
     Ok(())
 }
 
 /// Changes the role. A federated account's role comes back from the provider's claims at its
 /// next sign-in; the change holds until then.
-pub async fn set_role(
-    pool: &sqlx::PgPool,
+pub async fn set_role<'a>(
+    on: impl Into<Plane<'a>>,
     actor: &str,
     username: &str,
     role: &str,
@@ -140,7 +187,7 @@ pub async fn set_role(
             "role must be admin, auditor, viewer or member, not `{role}`"
         ))
     })?;
-    let mut tx = pool.begin().await?;
+    let mut tx = on.into().db().begin().await?;
     if role != Role::Admin {
         keep_an_admin(&mut tx, username).await?;
     }
@@ -156,12 +203,13 @@ pub async fn set_role(
 
 /// A one-time reset link token for a local account (shown once; only its hash is stored),
 /// and when it stops working.
-pub async fn reset_link(
-    pool: &sqlx::PgPool,
+pub async fn reset_link<'a>(
+    on: impl Into<Plane<'a>>,
     actor: &str,
     username: &str,
 ) -> Result<(String, chrono::DateTime<chrono::Utc>), ServiceError> {
-    let account = get(pool, username).await?;
+    let on = on.into();
+    let account = get(on, username).await?;
     if account.oidc_issuer.is_some() {
         return Err(ServiceError::Invalid(format!(
             "`{username}` signs in through the OpenID Provider and has no password here"
@@ -172,17 +220,11 @@ pub async fn reset_link(
             "`{username}` is disabled; enable it first"
         )));
     }
-    let token = super::session::random_token();
+    let token = random_token();
     let expires = chrono::Utc::now() + chrono::Duration::minutes(RESET_MINUTES);
-    let mut tx = pool.begin().await?;
-    if !db::password_resets::create_reset(
-        &mut tx,
-        actor,
-        username,
-        &super::session::sha256_hex(&token),
-        expires,
-    )
-    .await?
+    let mut tx = on.db().begin().await?;
+    if !db::password_resets::create_reset(&mut tx, actor, username, &sha256_hex(&token), expires)
+        .await?
     {
         return Err(missing(username));
     }
@@ -191,8 +233,8 @@ pub async fn reset_link(
 }
 
 /// Sets a new password through a reset link, once; every session of the account ends.
-pub async fn use_reset_link(
-    pool: &sqlx::PgPool,
+pub async fn use_reset_link<'a>(
+    on: impl Into<Plane<'a>>,
     token: &str,
     password: &str,
 ) -> Result<String, ServiceError> {
@@ -208,9 +250,8 @@ pub async fn use_reset_link(
     let hash = tokio::task::spawn_blocking(move || secrets::hash(&password))
         .await
         .map_err(anyhow::Error::from)??;
-    let mut tx = pool.begin().await?;
-    let Some(username) =
-        db::password_resets::use_reset(&mut tx, &super::session::sha256_hex(token), &hash).await?
+    let mut tx = on.into().db().begin().await?;
+    let Some(username) = db::password_resets::use_reset(&mut tx, &sha256_hex(token), &hash).await?
     else {
         return Err(ServiceError::NotFound("reset link".into()));
     };
@@ -218,22 +259,23 @@ pub async fn use_reset_link(
     Ok(username)
 }
 
-pub async fn sessions(
-    pool: &sqlx::PgPool,
+pub async fn sessions<'a>(
+    on: impl Into<Plane<'a>>,
     username: &str,
 ) -> Result<Vec<SessionInfo>, ServiceError> {
-    get(pool, username).await?;
-    Ok(db::sessions::sessions_of(pool, username).await?)
+    let on = on.into();
+    get(on, username).await?;
+    Ok(db::sessions::sessions_of(on.db(), username).await?)
 }
 
 /// Ends one session (`Some(id)`) or all of an account's; how many ended.
-pub async fn end_sessions(
-    pool: &sqlx::PgPool,
+pub async fn end_sessions<'a>(
+    on: impl Into<Plane<'a>>,
     actor: &str,
     username: &str,
     session: Option<uuid::Uuid>,
 ) -> Result<u64, ServiceError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = on.into().db().begin().await?;
     let ended = db::sessions::end_sessions(&mut tx, actor, username, session)
         .await?
         .ok_or_else(|| missing(username))?;

@@ -1,0 +1,176 @@
+//! Agents: who they are, their rate limits, and the people who may act as them.
+
+use serde::Serialize;
+
+use super::{Result, ServiceError, refresh};
+use crate::db;
+use crate::db::agents::AgentSettings;
+use crate::policy::GrantTarget;
+use crate::policy::arguments::{ArgumentRules, RuleProblem};
+use crate::policy::snapshot::{Discovery, GrantMatch, Parts, PolicySnapshot, RateLimitRecord};
+use crate::state::AppState;
+
+fn valid_agent_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > 64 || !name.chars().all(crate::pool::is_name_char) {
+        return Err(ServiceError::Invalid(format!(
+            "agent name `{name}` must be 1-64 letters, digits, `_`, `.` or `-`"
+        )));
+    }
+    Ok(())
+}
+
+/// An agent as the API and the UI show it.
+#[derive(Debug, Serialize)]
+pub struct AgentSummary {
+    pub name: String,
+    pub description: String,
+    pub discovery: Discovery,
+    pub pinned: Vec<String>,
+    pub grants: Vec<GrantMatch>,
+    pub visible_tools: usize,
+    /// Grants match nothing at all: this agent sees no tools.
+    pub sees_nothing: bool,
+    pub zero_match_grants: usize,
+    pub rate_limits: Vec<RateLimitRecord>,
+    /// Argument rules per tool or group, as written.
+    pub arguments: Vec<ArgumentRules>,
+    /// Argument rules that cannot do what their author meant.
+    pub problems: Vec<RuleProblem>,
+}
+
+pub fn summaries(snapshot: &PolicySnapshot) -> Vec<AgentSummary> {
+    snapshot
+        .agents()
+        .into_iter()
+        .map(|a| AgentSummary {
+            name: a.record.name.clone(),
+            description: a.record.description.clone(),
+            discovery: a.record.discovery,
+            pinned: a.record.pinned.clone(),
+            grants: a.grant_matches.clone(),
+            visible_tools: a.visible.len(),
+            sees_nothing: a.visible.is_empty(),
+            zero_match_grants: a.zero_match_grants().count(),
+            rate_limits: a.record.limits.clone(),
+            arguments: a.record.arguments.clone(),
+            problems: a.argument_problems.clone(),
+        })
+        .collect()
+}
+
+pub async fn create(
+    state: &AppState,
+    actor: &str,
+    name: &str,
+    description: &str,
+    discovery: Option<&str>,
+) -> Result<()> {
+    valid_agent_name(name)?;
+    let discovery = match discovery {
+        None => Discovery::Full,
+        Some(d) => Discovery::parse(d).ok_or_else(|| {
+            ServiceError::Invalid(format!("discovery must be full, search or auto, not `{d}`"))
+        })?,
+    };
+    let mut tx = state.db.begin().await?;
+    if db::agents::agent_id(&mut tx, name).await?.is_some() {
+        return Err(ServiceError::Conflict(format!(
+            "agent `{name}` already exists"
+        )));
+    }
+    let settings = AgentSettings {
+        description: description.to_owned(),
+        notes: String::new(),
+        discovery,
+        pinned: Vec::new(),
+    };
+    db::agents::create_agent(&mut tx, actor, name, &settings).await?;
+    tx.commit().await?;
+    refresh(state, Parts::ALL).await;
+    Ok(())
+}
+
+pub async fn delete(state: &AppState, actor: &str, name: &str) -> Result<()> {
+    let mut tx = state.db.begin().await?;
+    if !db::agents::delete_agent(&mut tx, actor, name).await? {
+        return Err(ServiceError::NotFound(format!("agent `{name}`")));
+    }
+    tx.commit().await?;
+    refresh(state, Parts::ALL).await;
+    Ok(())
+}
+
+/// Replaces an agent's rate limits.
+pub async fn set_limits(
+    state: &AppState,
+    actor: &str,
+    agent: &str,
+    limits: Vec<RateLimitRecord>,
+) -> Result<()> {
+    // Each limit's rate and burst were checked when it was read (`Limit` admits no other).
+    let mut seen = std::collections::HashSet::new();
+    for l in &limits {
+        if let Some(p) = &l.pattern {
+            GrantTarget::parse(p).map_err(ServiceError::Invalid)?;
+        }
+        if !seen.insert(l.pattern.as_deref()) {
+            return Err(ServiceError::Invalid(format!(
+                "two limits for {}",
+                l.pattern
+                    .as_deref()
+                    .map_or("the whole agent".to_owned(), |p| format!("`{p}`"))
+            )));
+        }
+    }
+    let before = state
+        .policy
+        .load()
+        .agent(agent)
+        .map(|a| a.record.limits.clone())
+        .ok_or_else(|| ServiceError::NotFound(format!("agent `{agent}`")))?;
+    let mut tx = state.db.begin().await?;
+    db::limits::set_limits(&mut tx, actor, agent, &before, &limits).await?;
+    tx.commit().await?;
+    refresh(state, Parts::ALL).await;
+    Ok(())
+}
+
+/// A username as accounts spell them.
+fn valid_username(username: &str) -> Result<()> {
+    if username.is_empty()
+        || username.len() > 64
+        || !username
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '@' | '-'))
+    {
+        return Err(ServiceError::Invalid(format!(
+            "username `{username}` must be 1-64 letters, digits, `_`, `.`, `@` or `-`"
+        )));
+    }
+    Ok(())
+}
+
+/// Lets a person act as an agent through an interactive host.
+pub async fn add_user(state: &AppState, actor: &str, agent: &str, username: &str) -> Result<()> {
+    valid_username(username)?;
+    let mut tx = state.db.begin().await?;
+    if !db::agent_users::add_agent_user(&mut tx, actor, agent, username).await? {
+        return Err(ServiceError::NotFound(format!("agent `{agent}`")));
+    }
+    tx.commit().await?;
+    refresh(state, Parts::ALL).await;
+    Ok(())
+}
+
+/// Stops a person acting as an agent; what they authorized for it is revoked with it.
+pub async fn remove_user(state: &AppState, actor: &str, agent: &str, username: &str) -> Result<()> {
+    let mut tx = state.db.begin().await?;
+    if !db::agent_users::remove_agent_user(&mut tx, actor, agent, username).await? {
+        return Err(ServiceError::NotFound(format!(
+            "user `{username}` of agent `{agent}`"
+        )));
+    }
+    tx.commit().await?;
+    refresh(state, Parts::ALL).await;
+    Ok(())
+}
