@@ -1,0 +1,155 @@
+//! The pool: tools, groups and their pins, changes held for approval, load errors, upstreams.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{API_ACTOR, ApiError, ApiResult};
+use crate::service::{self, ServiceError};
+use crate::state::AppState;
+
+pub(super) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/tools", get(list_tools))
+        .route("/groups", get(list_groups))
+        .route("/groups/{name}/pin", put(set_group_pin))
+        .route("/tools/pending", get(pending_tools))
+        .route("/tools/{name}/approve", post(approve_tool))
+        .route("/tools/{name}/reject", post(reject_tool))
+        .route("/pool/errors", get(pool_errors))
+        .route("/upstreams", get(list_upstreams))
+        .route(
+            "/upstreams/{name}",
+            put(put_upstream).delete(delete_upstream),
+        )
+}
+
+async fn list_tools(State(state): State<AppState>) -> Json<Value> {
+    let snapshot = state.policy.load();
+    let tools: Vec<Value> = snapshot
+        .catalog
+        .tools()
+        .map(|t| {
+            json!({
+                "name": t.name, "group": t.group(), "title": t.title, "description": t.description,
+                "input_schema": *t.input_schema.read(), "source": t.source, "content_hash": t.content_hash,
+                "held": snapshot.is_held(t.name.as_str()),
+            })
+        })
+        .collect();
+    Json(json!({"tools": tools}))
+}
+
+async fn list_groups(State(state): State<AppState>) -> Json<Value> {
+    let snapshot = state.policy.load();
+    Json(json!({"groups": snapshot.catalog.groups().collect::<Vec<_>>()}))
+}
+
+async fn pool_errors(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({"errors": state.policy.load().catalog.load_errors()}))
+}
+
+async fn pending_tools(State(state): State<AppState>) -> ApiResult<Json<Value>> {
+    Ok(Json(
+        json!({"pending": service::pins::pending(&state).await?}),
+    ))
+}
+
+/// Which held definition a decision is for; without a hash, the one this instance serves.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct DecisionBody {
+    hash: Option<String>,
+}
+
+fn decision_body(body: &[u8]) -> Result<DecisionBody, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(DecisionBody::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError(ServiceError::Invalid(format!("invalid JSON body: {e}"))))
+}
+
+async fn approve_tool(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<Value>> {
+    let body = decision_body(&body)?;
+    let d = service::pins::decide(
+        &state,
+        API_ACTOR,
+        &name,
+        body.hash.as_deref(),
+        crate::db::pins::Verdict::Approve,
+    )
+    .await?;
+    Ok(Json(json!({"approved": d})))
+}
+
+async fn reject_tool(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<Value>> {
+    let body = decision_body(&body)?;
+    let d = service::pins::decide(
+        &state,
+        API_ACTOR,
+        &name,
+        body.hash.as_deref(),
+        crate::db::pins::Verdict::Reject,
+    )
+    .await?;
+    Ok(Json(json!({"rejected": d})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PinBody {
+    /// `true`, `false`, or `null` for the default.
+    pin: Option<bool>,
+}
+
+async fn set_group_pin(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Json(body): Json<PinBody>,
+) -> ApiResult<Json<Value>> {
+    let done = service::pins::set_group_pin(&state, API_ACTOR, &name, body.pin).await?;
+    Ok(Json(json!(done)))
+}
+
+/// Upstreams with their specs and live health on this instance.
+async fn list_upstreams(State(state): State<AppState>) -> ApiResult<Json<Value>> {
+    let mut conn = state.db.acquire().await.map_err(ServiceError::from)?;
+    let specs = crate::db::upstreams::upstreams(&mut conn)
+        .await
+        .map_err(ServiceError::from)?;
+    let health = state.upstreams.health();
+    let list: Vec<Value> = specs
+        .into_iter()
+        .map(|(name, spec)| json!({"name": name, "spec": spec, "health": health.get(&name)}))
+        .collect();
+    Ok(Json(json!({"upstreams": list})))
+}
+
+async fn put_upstream(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Json(spec): Json<crate::upstream::UpstreamSpec>,
+) -> ApiResult<StatusCode> {
+    service::upstreams::set(&state, API_ACTOR, &name, spec).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn delete_upstream(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    service::upstreams::delete(&state, API_ACTOR, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
