@@ -20,6 +20,9 @@
 //! Options: `--pool-tools N` (default 10,000), `--seconds S` (P1 duration, default 5),
 //! `--samples N` (sequential samples of P2–P4, default 500).
 
+// Test code: a panic is a failed test with its line.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;

@@ -9,6 +9,9 @@
 //! default `postgres://root@127.0.0.1:5432/postgres`; a scratch database is created and
 //! dropped). Figures go to stdout as a table.
 
+// Test code: a panic is a failed test with its line.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 use std::sync::Arc;

@@ -8,6 +8,9 @@
 //! (the database is created if missing; the example writes audit rows on its own chain and
 //! drops the table it made.)
 
+// A measuring tool run by hand: a panic says which step failed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Instant;
 
 use toolgate::audit::writer::AuditLog;

@@ -2,6 +2,9 @@
 //! the application state or a surface would let policy leak back into one surface, so the
 //! rule is checked here rather than remembered.
 
+// Test code: a panic is a failed test with its line.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 
 /// Modules that must not depend on the app or a surface: the live state, the one call path, the

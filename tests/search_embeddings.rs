@@ -4,6 +4,9 @@
 //! process: a table is installed once per process, and the API tests check that a bad table
 //! installs nothing.
 
+// Test code: a panic is a failed test with its line.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use clap::Parser;
 use serde_json::json;
 use toolgate::config::{Cli, Command};

@@ -174,6 +174,7 @@ pub fn typed(rule: &ParamRule) -> Value {
 }
 
 /// The compiled check of a rule ([`typed`]), with `format` checked rather than annotated.
+#[allow(clippy::expect_used, reason = "`false` is a constant, valid schema")]
 pub fn compile(rule: &ParamRule) -> jsonschema::Validator {
     jsonschema::options()
         .should_validate_formats(true)

@@ -457,6 +457,10 @@ impl Tool {
     /// [`Self::mcp_definition`] serialized as the SDK serializes it inside a `tools/list`
     /// result (the definition carries no `outputSchema`, the one field the SDK rewrites for
     /// older protocol revisions, so one text serves both eras).
+    #[allow(
+        clippy::expect_used,
+        reason = "a definition holds only JSON values and strings, which always serialize"
+    )]
     pub fn mcp_json(&self) -> &str {
         self.listed.0.get_or_init(|| {
             serde_json::to_string(&self.mcp_definition())

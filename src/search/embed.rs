@@ -63,11 +63,16 @@ impl<'a> Reader<'a> {
         self.0 = rest;
         Ok(head)
     }
+    fn array(&mut self) -> Result<[u8; 4], String> {
+        self.take(4)?
+            .try_into()
+            .map_err(|_| "embedding table is truncated".to_owned())
+    }
     fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+        Ok(u32::from_le_bytes(self.array()?))
     }
     fn f32(&mut self) -> Result<f32, String> {
-        Ok(f32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+        Ok(f32::from_le_bytes(self.array()?))
     }
 }
 

@@ -1,5 +1,8 @@
 //! Integration tests: the real router over a fresh Postgres database per test.
 
+// Test code: a panic is a failed test with its line.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod accounts;
 mod apps;
 mod arguments;
