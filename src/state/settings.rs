@@ -37,7 +37,7 @@ pub struct Settings {
     pub output: OutputLimits,
     /// Names this instance in logs, metrics and the audit log.
     pub instance: String,
-    /// Reverse proxies whose `X-Forwarded-For` names the client (see [`crate::http::client_addr`]).
+    /// Reverse proxies whose `X-Forwarded-For` names the client (see `http::client_addr`).
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Client ID Metadata Documents may be fetched from inside addresses (development only).
     pub cimd_allow_private: bool,
