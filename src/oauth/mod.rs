@@ -17,11 +17,12 @@ use chrono::{TimeZone, Utc};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Value, json};
 
-use crate::audit::{AuditEvent, EventKind, Outcome, RequestOrigin};
+use crate::audit::{Outcome, RequestOrigin};
+use crate::auth::admin::{self, AdminRefusal};
 use crate::auth::token::{self, AccessClaims, sign};
+use crate::auth::{client, scope};
 use crate::auth::{keys, secrets};
 use crate::db;
-use crate::policy::GrantTarget;
 use crate::state::AppState;
 
 pub const CLIENT_ASSERTION_TYPE: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
@@ -139,15 +140,7 @@ impl IntoResponse for OAuthError {
     }
 }
 
-/// The source address of a request, as the failure limits count it.
-fn source_ip(origin: Option<&RequestOrigin>) -> Option<std::net::IpAddr> {
-    origin
-        .and_then(|o| o.remote_addr.as_deref())
-        .and_then(|a| a.parse().ok())
-}
-
-/// Records a refused client authentication without waiting on the audit log: outsiders'
-/// failures must never be slowed or blocked by it.
+/// Puts a refused client authentication on record (see [`client::authentication_refused`]).
 fn audit_failure(
     state: &AppState,
     origin: Option<&RequestOrigin>,
@@ -155,16 +148,15 @@ fn audit_failure(
     client_id: Option<String>,
     err: &OAuthError,
 ) {
-    let mut e = AuditEvent::new(EventKind::ClientAuthFailed, err.outcome()).from_origin(origin);
-    e.client_id = client_id.map(|c| bounded_client_id(&c));
-    e.resource = Some(endpoint.to_owned());
-    e.error = Some(format!("{}: {}", err.error, err.description));
-    state.refusals.record(e, "oauth", err.error);
-}
-
-/// A client id as a stranger sent it, cut to what an audit row keeps.
-fn bounded_client_id(c: &str) -> String {
-    c.chars().take(db::assertions::MAX_CLIENT_ID).collect()
+    client::authentication_refused(
+        state,
+        origin,
+        endpoint,
+        client_id.as_deref(),
+        err.outcome(),
+        err.error,
+        &err.description,
+    );
 }
 
 /// The client id a request claims, whichever authentication method it uses.
@@ -210,22 +202,12 @@ pub async fn authenticate_client(
     origin: Option<&RequestOrigin>,
 ) -> Result<AuthenticatedClient, OAuthError> {
     let client_id = claimed_client_id(headers, form);
-    let attempt = state
-        .limits
-        .credential_attempt(source_ip(origin), client_id.as_deref())
-        .map_err(OAuthError::slow_down)?;
-    match check_client(state, headers, form).await {
-        Ok(client) => {
-            attempt.succeeded();
-            Ok(client)
-        }
-        // Nothing was checked (no verification slot, or no database): no failure either.
-        Err(e) if e.status == StatusCode::SERVICE_UNAVAILABLE => {
-            attempt.not_checked();
-            Err(e)
-        }
-        Err(e) => Err(e),
-    }
+    let checked = check_client(state, headers, form);
+    // Nothing was checked (no verification slot, or no database): no failure either.
+    let not_checked = |e: &OAuthError| e.status == StatusCode::SERVICE_UNAVAILABLE;
+    client::authenticate(state, origin, client_id.as_deref(), checked, not_checked)
+        .await
+        .map_err(OAuthError::slow_down)?
 }
 
 async fn check_client(
@@ -427,38 +409,6 @@ pub fn check_assertion(
     })
 }
 
-/// Narrows the agent's live grants by a requested `scope` (`tools:search tools:weather__current`).
-///
-/// A scope that is not of our form is an error. A well-formed scope the agent is not granted
-/// is left out of the token (RFC 6749 §3.3 lets the server issue less than asked, and the
-/// response says what was issued): MCP clients request every scope the protected-resource
-/// metadata lists. If nothing requested is granted, the request fails with `invalid_scope`.
-pub fn narrow(grants: &[GrantTarget], scope: Option<&str>) -> Result<Vec<GrantTarget>, String> {
-    let Some(scope) = scope.map(str::trim).filter(|s| !s.is_empty()) else {
-        return Ok(grants.to_vec());
-    };
-    let mut out = Vec::new();
-    for item in scope.split_whitespace() {
-        let target = item.strip_prefix("tools:").and_then(|t| GrantTarget::parse(t).ok()).ok_or_else(|| {
-            format!("unknown scope `{item}`; scopes look like `tools:<group>` or `tools:<group>__<tool>`")
-        })?;
-        let covered = grants.iter().any(|g| match (&target, g) {
-            (GrantTarget::Group(a), GrantTarget::Group(b)) => a == b,
-            (GrantTarget::Tool(t), g) => g.matches(t.as_str()),
-            (GrantTarget::Group(_), GrantTarget::Tool(_)) => false,
-        });
-        if covered && !out.contains(&target) {
-            out.push(target);
-        }
-    }
-    if out.is_empty() {
-        return Err(format!(
-            "none of the requested scopes (`{scope}`) is granted to this agent"
-        ));
-    }
-    Ok(out)
-}
-
 async fn token(
     State(state): State<AppState>,
     origin: Option<axum::Extension<crate::audit::RequestOrigin>>,
@@ -466,19 +416,8 @@ async fn token(
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
     let origin = origin.map(|o| o.0);
-    let ip = origin
-        .as_ref()
-        .and_then(|o| o.remote_addr.as_deref())
-        .and_then(|a| a.parse().ok());
-    if let Some(ip) = ip
-        && let Err(wait) = state.limits.check_token_ip(ip)
-    {
-        let mut e = AuditEvent::new(EventKind::ClientAuthFailed, Outcome::RateLimited)
-            .from_origin(origin.as_ref());
-        e.client_id = form.get("client_id").map(|c| bounded_client_id(c));
-        e.resource = Some("/oauth/token".to_owned());
-        e.error = Some("slow_down: too many token requests from this address".to_owned());
-        state.refusals.record(e, "oauth", "too many token requests");
+    let claimed = form.get("client_id").map(String::as_str);
+    if let Err(wait) = client::admit_token_request(&state, origin.as_ref(), claimed).await {
         let secs = retry_secs(wait);
         return (
             StatusCode::TOO_MANY_REQUESTS,
@@ -489,16 +428,10 @@ async fn token(
     }
     match issue_token(&state, &headers, &form, origin.as_ref()).await {
         Ok((body, claims)) => {
-            let mut e = AuditEvent::new(EventKind::TokenIssued, Outcome::Success)
-                .from_origin(origin.as_ref());
-            e.agent = Some(claims.sub.clone());
-            e.client_id = Some(claims.client_id.clone());
-            e.jti = Some(claims.jti.clone());
-            e.person = claims.act.as_ref().map(|a| a.sub.clone());
-            e.resource = Some(claims.aud.clone());
-            e.details = Some(json!({"scope": claims.scope, "tool_prefixes": claims.tool_prefixes, "exp": claims.exp}).to_string());
-            // A token that is not in the audit log is not handed out.
-            if state.audit.record(e).await.is_err() {
+            if client::token_issued(&state, origin.as_ref(), &claims)
+                .await
+                .is_err()
+            {
                 return OAuthError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "temporarily_unavailable",
@@ -521,11 +454,13 @@ async fn token(
             if err.is_credential_failure() {
                 audit_failure(&state, origin.as_ref(), "/oauth/token", client_id, &err);
             } else {
-                let mut e = AuditEvent::new(EventKind::TokenIssued, Outcome::Denied)
-                    .from_origin(origin.as_ref());
-                e.client_id = client_id.map(|c| bounded_client_id(&c));
-                e.error = Some(format!("{}: {}", err.error, err.description));
-                state.refusals.record(e, "oauth", err.error);
+                client::token_refused(
+                    &state,
+                    origin.as_ref(),
+                    client_id.as_deref(),
+                    err.error,
+                    &err.description,
+                );
             }
             err.into_response()
         }
@@ -582,7 +517,7 @@ async fn issue_token(
         .map(|a| a.grants.clone())
         .unwrap_or_default();
     drop(snapshot);
-    let prefixes = narrow(&grants, form.get("scope").map(String::as_str))
+    let prefixes = scope::narrow(&grants, form.get("scope").map(String::as_str))
         .map_err(|e| OAuthError::new(StatusCode::BAD_REQUEST, "invalid_scope", e))?;
     let key = db::keys::current_signing_key(&state.db)
         .await
@@ -708,10 +643,32 @@ async fn introspect(
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
     let origin = origin.map(|o| o.0);
-    if let Err(refused) =
-        crate::api::check_admin_token(&state, &headers, origin.as_ref(), "/oauth/introspect")
-    {
-        return refused.into_response("Bearer", json!({"error": "invalid_client"}));
+    let checked = admin::check(
+        &state,
+        &headers,
+        origin.as_ref(),
+        "/oauth/introspect",
+        "oauth",
+    )
+    .await;
+    match checked {
+        Ok(()) => {}
+        Err(AdminRefusal::Invalid) => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                Json(json!({"error": "invalid_client"})),
+            )
+                .into_response();
+        }
+        Err(AdminRefusal::Limited(wait)) => {
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, retry_secs(wait).to_string())],
+                Json(json!({"error": "too many failed admin token checks from this address; retry later"})),
+            )
+                .into_response();
+        }
     }
     let inactive = Json(json!({"active": false})).into_response();
     let Some(token) = form.get("token") else {
@@ -782,34 +739,5 @@ async fn jwks(State(state): State<AppState>) -> Response {
             tracing::error!(error = %e, "reading the signing keys failed");
             StatusCode::SERVICE_UNAVAILABLE.into_response()
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn g(s: &str) -> GrantTarget {
-        GrantTarget::parse(s).unwrap()
-    }
-
-    #[test]
-    fn scope_narrows_but_never_widens() {
-        let grants = [g("search"), g("weather__current")];
-        assert_eq!(narrow(&grants, None).unwrap(), grants.to_vec());
-        assert_eq!(
-            narrow(&grants, Some("tools:search")).unwrap(),
-            vec![g("search")]
-        );
-        assert_eq!(
-            narrow(&grants, Some("tools:search__query")).unwrap(),
-            vec![g("search__query")]
-        );
-        assert!(narrow(&grants, Some("tools:weather")).is_err());
-        assert_eq!(
-            narrow(&grants, Some("tools:weather tools:search")).unwrap(),
-            vec![g("search")]
-        );
-        assert!(narrow(&grants, Some("admin")).is_err());
     }
 }
