@@ -12,6 +12,8 @@ pub mod keys;
 pub mod redirect;
 pub mod scope;
 pub mod secrets;
+pub mod session;
+pub mod signin;
 pub mod token;
 
 use std::net::IpAddr;
