@@ -11,30 +11,18 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Form, Json, Router};
-use base64::Engine;
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use chrono::{TimeZone, Utc};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Value, json};
 
 use crate::audit::{Outcome, RequestOrigin};
 use crate::auth::admin::{self, AdminRefusal};
-use crate::auth::token::{self, AccessClaims, sign};
-use crate::auth::{client, scope};
-use crate::auth::{keys, secrets};
+use crate::auth::client::{self, AuthenticatedClient, ClientRefusal};
+use crate::auth::keys;
+use crate::auth::scope;
+use crate::auth::token::{AccessClaims, sign};
 use crate::db;
 use crate::state::AppState;
-
-pub const CLIENT_ASSERTION_TYPE: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
-/// Algorithms accepted for `private_key_jwt` client assertions.
-const ASSERTION_ALGS: [Algorithm; 4] = [
-    Algorithm::EdDSA,
-    Algorithm::RS256,
-    Algorithm::ES256,
-    Algorithm::PS256,
-];
-/// Longest lifetime accepted for a client assertion.
-pub const MAX_ASSERTION_LIFETIME_SECS: i64 = 600;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -159,254 +147,28 @@ fn audit_failure(
     );
 }
 
-/// The client id a request claims, whichever authentication method it uses.
-fn claimed_client_id(headers: &HeaderMap, form: &HashMap<String, String>) -> Option<String> {
-    form.get("client_id")
-        .cloned()
-        .or_else(|| basic_credentials(headers).map(|(id, _)| id))
-        .or_else(|| {
-            form.get("client_assertion")
-                .and_then(|a| unverified_claim(a, "sub"))
-        })
-}
-
-/// An authenticated OAuth client.
-pub struct AuthenticatedClient {
-    pub client_id: String,
-    pub agent: String,
-}
-
-fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
-    let h = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let b64 = h
-        .strip_prefix("Basic ")
-        .or_else(|| h.strip_prefix("basic "))?;
-    let decoded = String::from_utf8(STANDARD.decode(b64.trim()).ok()?).ok()?;
-    let (id, secret) = decoded.split_once(':')?;
-    // RFC 6749 §2.3.1: both parts are form-urlencoded before base64.
-    let dec = |s: &str| {
-        url::form_urlencoded::parse(format!("v={s}").as_bytes())
-            .next()
-            .map(|(_, v)| v.into_owned())
-    };
-    Some((dec(id)?, dec(secret)?))
-}
-
-/// Authenticates the client with exactly one of client_secret_basic, client_secret_post or
-/// private_key_jwt, within the failure limits of its source address and client id: a source
-/// or client id that failed too often is refused before any lookup or hashing.
+/// Authenticates the client (see [`client::authenticate`]), in OAuth's words when it fails.
 pub async fn authenticate_client(
     state: &AppState,
     headers: &HeaderMap,
     form: &HashMap<String, String>,
     origin: Option<&RequestOrigin>,
 ) -> Result<AuthenticatedClient, OAuthError> {
-    let client_id = claimed_client_id(headers, form);
-    let checked = check_client(state, headers, form);
-    // Nothing was checked (no verification slot, or no database): no failure either.
-    let not_checked = |e: &OAuthError| e.status == StatusCode::SERVICE_UNAVAILABLE;
-    client::authenticate(state, origin, client_id.as_deref(), checked, not_checked)
+    client::authenticate(state, headers, form, origin)
         .await
-        .map_err(OAuthError::slow_down)?
-}
-
-async fn check_client(
-    state: &AppState,
-    headers: &HeaderMap,
-    form: &HashMap<String, String>,
-) -> Result<AuthenticatedClient, OAuthError> {
-    let basic = basic_credentials(headers);
-    let post = form.get("client_secret").map(|s| {
-        (
-            form.get("client_id").cloned().unwrap_or_default(),
-            s.clone(),
-        )
-    });
-    let assertion = form.get("client_assertion");
-    let methods = [basic.is_some(), post.is_some(), assertion.is_some()]
-        .iter()
-        .filter(|m| **m)
-        .count();
-    if methods > 1 {
-        return Err(OAuthError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "use exactly one client authentication method",
-        ));
-    }
-    if let Some(assertion) = assertion {
-        if form.get("client_assertion_type").map(String::as_str) != Some(CLIENT_ASSERTION_TYPE) {
-            return Err(OAuthError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                "unsupported client_assertion_type",
-            ));
-        }
-        return verify_assertion(state, assertion, form.get("client_id")).await;
-    }
-    let Some((client_id, secret)) = basic.or(post) else {
-        return Err(OAuthError::invalid_client(
-            "client authentication is required",
-        ));
-    };
-    let client = db::clients::client(&state.db, &client_id)
-        .await
-        .map_err(|_| {
-            OAuthError::new(
+        .map_err(|refusal| match refusal {
+            ClientRefusal::Malformed(d) => {
+                OAuthError::new(StatusCode::BAD_REQUEST, "invalid_request", d)
+            }
+            ClientRefusal::Invalid(d) => OAuthError::invalid_client(d),
+            ClientRefusal::Limited(wait) => OAuthError::slow_down(wait),
+            ClientRefusal::Busy => OAuthError::busy(),
+            ClientRefusal::Unavailable => OAuthError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "temporarily_unavailable",
                 "try again",
-            )
-        })?;
-    let stored = client.as_ref().and_then(|c| c.secret_hash.clone());
-    let ok = secrets::VERIFIER
-        .check(secret, stored)
-        .await
-        .map_err(|_| OAuthError::busy())?;
-    match client {
-        Some(c) if ok => Ok(AuthenticatedClient {
-            client_id: c.client_id,
-            agent: c.agent,
-        }),
-        _ => Err(OAuthError::invalid_client("client authentication failed")),
-    }
-}
-
-/// Reads a claim from a JWT's payload without verifying it, only to find which key to verify with.
-fn unverified_claim(jwt: &str, claim: &str) -> Option<String> {
-    let payload = jwt.split('.').nth(1)?;
-    let bytes = URL_SAFE_NO_PAD.decode(payload).ok()?;
-    let v: Value = serde_json::from_slice(&bytes).ok()?;
-    v.get(claim)?.as_str().map(str::to_owned)
-}
-
-async fn verify_assertion(
-    state: &AppState,
-    assertion: &str,
-    form_client_id: Option<&String>,
-) -> Result<AuthenticatedClient, OAuthError> {
-    let fail = || OAuthError::invalid_client("client assertion rejected");
-    let client_id =
-        assertion_client_id(assertion, form_client_id.map(String::as_str)).ok_or_else(fail)?;
-    let client = db::clients::client(&state.db, &client_id)
-        .await
-        .map_err(|_| {
-            OAuthError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "temporarily_unavailable",
-                "try again",
-            )
-        })?
-        .ok_or_else(fail)?;
-    let verified = check_assertion(
-        assertion,
-        &client_id,
-        client.jwks.as_ref(),
-        &state.settings.issuer,
-    )
-    .ok_or_else(fail)?;
-    // Single use across every instance: the id is recorded in Postgres until the assertion
-    // could no longer pass validation. No database, no token: never accept unrecorded.
-    let valid_until = Utc
-        .timestamp_opt(verified.exp + token::CLOCK_LEEWAY_SECS as i64, 0)
-        .single()
-        .ok_or_else(fail)?;
-    match db::assertions::first_use(&state.db, &client.client_id, &verified.jti, valid_until).await
-    {
-        Ok(true) => {}
-        Ok(false) => {
-            return Err(OAuthError::invalid_client(
-                "client assertion already used (its jti was seen before)",
-            ));
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "recording a client assertion id failed");
-            return Err(OAuthError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "temporarily_unavailable",
-                "try again",
-            ));
-        }
-    }
-    Ok(AuthenticatedClient {
-        client_id: client.client_id,
-        agent: client.agent,
-    })
-}
-
-/// The client a `private_key_jwt` assertion speaks for (its unverified `sub`, which must agree
-/// with a `client_id` sent beside it), or `None` before any database lookup if the assertion
-/// cannot be one of ours.
-pub fn assertion_client_id(assertion: &str, form_client_id: Option<&str>) -> Option<String> {
-    let header = jsonwebtoken::decode_header(assertion).ok()?;
-    if !ASSERTION_ALGS.contains(&header.alg) {
-        return None;
-    }
-    match (form_client_id, unverified_claim(assertion, "sub")) {
-        (Some(f), Some(s)) if f != s => None,
-        (_, s) => s.filter(|s| s.len() <= db::assertions::MAX_CLIENT_ID),
-    }
-}
-
-/// What a verified client assertion carries for the replay check.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VerifiedAssertion {
-    pub jti: String,
-    pub exp: i64,
-    pub claims: Value,
-}
-
-/// Verifies an assertion against the client's registered JWKS: algorithm, key, signature,
-/// `iss` = `sub` = the client, `aud` = our token endpoint or issuer, `exp` at most
-/// [`MAX_ASSERTION_LIFETIME_SECS`] ahead, `nbf` and `iat` not in the future (within
-/// [`token::CLOCK_LEEWAY_SECS`]), a `jti`. Single use is the caller's to enforce.
-pub fn check_assertion(
-    assertion: &str,
-    client_id: &str,
-    jwks: Option<&Value>,
-    issuer: &str,
-) -> Option<VerifiedAssertion> {
-    let header = jsonwebtoken::decode_header(assertion).ok()?;
-    if !ASSERTION_ALGS.contains(&header.alg) {
-        return None;
-    }
-    let jwks: jsonwebtoken::jwk::JwkSet = serde_json::from_value(jwks?.clone()).ok()?;
-    let jwk = match &header.kid {
-        Some(kid) => jwks.find(kid),
-        None if jwks.keys.len() == 1 => jwks.keys.first(),
-        None => None,
-    }?;
-    let key = DecodingKey::from_jwk(jwk).ok()?;
-    let mut v = Validation::new(header.alg);
-    v.set_issuer(&[client_id]);
-    v.sub = Some(client_id.to_owned());
-    v.set_audience(&[format!("{issuer}/oauth/token"), issuer.to_owned()]);
-    v.set_required_spec_claims(&["exp", "iss", "sub", "aud"]);
-    v.validate_nbf = true;
-    v.leeway = token::CLOCK_LEEWAY_SECS;
-    let data = jsonwebtoken::decode::<Value>(assertion, &key, &v).ok()?;
-    let now = Utc::now().timestamp();
-    let exp = data.claims.get("exp").and_then(Value::as_i64).unwrap_or(0);
-    if exp - now > MAX_ASSERTION_LIFETIME_SECS {
-        return None;
-    }
-    let iat = data
-        .claims
-        .get("iat")
-        .and_then(|v| v.as_i64().or_else(|| v.as_f64().map(|f| f as i64)));
-    token::check_iat(iat, now).ok()?;
-    // The id is stored as it is: a bounded length, and no NUL (which Postgres refuses).
-    let jti = data
-        .claims
-        .get("jti")
-        .and_then(Value::as_str)
-        .filter(|j| !j.is_empty() && j.len() <= db::assertions::MAX_JTI && !j.contains('\0'))?
-        .to_owned();
-    Some(VerifiedAssertion {
-        jti,
-        exp,
-        claims: data.claims,
-    })
+            ),
+        })
 }
 
 async fn token(
@@ -450,7 +212,7 @@ async fn token(
                 .into_response()
         }
         Err(err) => {
-            let client_id = claimed_client_id(&headers, &form);
+            let client_id = client::claimed_client_id(&headers, &form);
             if err.is_credential_failure() {
                 audit_failure(&state, origin.as_ref(), "/oauth/token", client_id, &err);
             } else {
@@ -592,7 +354,7 @@ async fn revoke(
         Ok(c) => c,
         Err(e) => {
             if e.is_credential_failure() {
-                let client_id = claimed_client_id(&headers, &form);
+                let client_id = client::claimed_client_id(&headers, &form);
                 audit_failure(&state, origin.as_ref(), "/oauth/revoke", client_id, &e);
             }
             return e.into_response();
