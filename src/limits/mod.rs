@@ -737,6 +737,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_credential_check_taken_counts_until_it_succeeds() {
+        let limits = RateLimits::new(10, 10);
+        let source = Some("192.0.2.9".parse().unwrap());
+        let check = LimitedAction::CredentialCheck {
+            source,
+            client: None,
+        };
+        for _ in 0..FAILURES_PER_IP.0 + 5 {
+            limits.take(check).await.unwrap().succeeded();
+        }
+        for _ in 0..FAILURES_PER_IP.0 {
+            let _failed = limits.take(check).await.unwrap();
+        }
+        let Err(Refusal::Exhausted(wait)) = limits.take(check).await else {
+            panic!("a source past its failures was let through")
+        };
+        assert!(wait > Duration::ZERO && wait <= FAILURES_PER_IP.1);
+        // The invalid bearer tokens of that source draw on the same budget.
+        let bearer = LimitedAction::InvalidBearer { source };
+        assert!(limits.take(bearer).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_sign_in_that_cannot_be_counted_is_refused() {
+        let limits = RateLimits::new(10, 10);
+        let sign_in = LimitedAction::SignIn {
+            source: "192.0.2.10".parse().unwrap(),
+            account: Some("ada"),
+        };
+        assert!(matches!(
+            limits.take(sign_in).await,
+            Err(Refusal::StoreUnavailable(_))
+        ));
+    }
+
+    #[tokio::test]
     async fn a_tool_pattern_limit_applies_only_to_its_tools() {
         let limits = RateLimits::new(10, 10);
         let a = agent(vec![record(Some("weather"), 1.0, Period::Second, 1)]);
