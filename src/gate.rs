@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::audit::writer::AuditUnavailable;
 use crate::audit::{self, AuditEvent, EventKind, Outcome as AuditOutcome, RequestOrigin};
-use crate::limits::Refusal;
+use crate::limits::{LimitedAction, Refusal};
 use crate::policy::snapshot::{Discovery, PolicySnapshot, Principal};
 use crate::pool::runner::{self, ScriptOutcome};
 use crate::pool::{Execution, Tool};
@@ -278,7 +278,11 @@ impl<'a> Gate<'a> {
         let Some(agent) = self.snapshot.agent(&self.principal.agent) else {
             return Ok(());
         };
-        let Err(refusal) = self.state.limits.check(agent, tool).await else {
+        let action = match tool {
+            Some(tool) => LimitedAction::Call { agent, tool },
+            None => LimitedAction::Agent(agent),
+        };
+        let Err(refusal) = self.state.limits.take(action).await else {
             return Ok(());
         };
         let mut e = match tool {

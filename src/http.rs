@@ -1,4 +1,5 @@
-//! HTTP plumbing shared by the surfaces: request ids, metrics, the bearer guard, health.
+//! HTTP plumbing shared by the surfaces: request ids, metrics, health, and the middleware that
+//! puts the bearer guard ([`crate::auth::bearer`]) in front of the agent surfaces.
 
 use std::net::IpAddr;
 use std::time::Instant;
@@ -13,7 +14,6 @@ use serde_json::json;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
 use crate::auth::token::TokenError;
-use crate::policy::snapshot::Principal;
 use crate::state::AppState;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -240,105 +240,62 @@ pub fn bearer_challenge(state: &AppState, error: Option<&str>) -> String {
 }
 
 /// Resource-server guard for `/mcp`, `/tools/...` and `/openapi.json`: a valid access token
-/// (or, in local development only, the dev agent) becomes a [`Principal`] in the request.
+/// (or, in local development only, the dev agent) becomes a
+/// [`crate::policy::snapshot::Principal`] in the request;
+/// [`crate::auth::bearer`] checks, audits and counts it.
 pub async fn require_agent(
     State(state): State<AppState>,
     mut req: Request,
     next: Next,
 ) -> Response {
-    let header = req
+    let authorization = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let result = match header {
-        None => match &state.settings.dev_agent {
-            Some(agent) => Ok(dev_principal(&state, agent)),
-            None => Err(TokenError::Missing),
-        },
-        Some(h) => match h
-            .strip_prefix("Bearer ")
-            .or_else(|| h.strip_prefix("bearer "))
-        {
-            Some(tok) => {
-                let snapshot = state.policy.load();
-                state.verified_tokens.verify(
-                    tok.trim(),
-                    &snapshot,
-                    &state.settings.issuer,
-                    &state.settings.audience,
-                )
-            }
-            None => Err(TokenError::Malformed("not a bearer token".into())),
-        },
-    };
-    match result {
+    let path = req.uri().path();
+    let origin = req.extensions().get::<crate::audit::RequestOrigin>();
+    let checked =
+        crate::auth::bearer::authenticate(&state, authorization, origin, path, surface_of(path))
+            .await;
+    let refusal = match checked {
         Ok(principal) => {
             req.extensions_mut().insert(principal);
-            next.run(req).await
+            return next.run(req).await;
         }
-        Err(e) => {
-            tracing::debug!(reason = %e, "request refused: invalid token");
-            let origin = req.extensions().get::<crate::audit::RequestOrigin>();
-            // A token that is not valid counts against its source's failure budget, shared
-            // with every credential check; a missing one guesses nothing and is not counted
-            // (it is how every MCP client discovers where to get a token).
-            let limited = if e == TokenError::Missing {
-                None
-            } else {
-                let ip = origin
-                    .and_then(|o| o.remote_addr.as_deref())
-                    .and_then(|a| a.parse().ok());
-                state.limits.bearer_failed(ip).await.err()
-            };
-            let outcome = if limited.is_some() {
-                crate::audit::Outcome::RateLimited
-            } else {
-                crate::audit::Outcome::Denied
-            };
-            let mut event =
-                crate::audit::AuditEvent::new(crate::audit::EventKind::AuthRejected, outcome)
-                    .from_origin(origin);
-            event.error = Some(e.to_string());
-            event.resource = Some(crate::audit::bounded(req.uri().path()));
-            // Never let a flood of bad tokens wait on (or be blocked by) the audit log, nor
-            // write a row each: identical refusals from one source are counted in one.
-            state
-                .refusals
-                .record(event, surface_of(req.uri().path()), e.kind());
-            let error = if e == TokenError::Missing {
-                None
-            } else {
-                Some("invalid_token")
-            };
-            let mut response = match limited {
-                Some(wait) => (
-                    StatusCode::TOO_MANY_REQUESTS,
-                    [(
-                        header::RETRY_AFTER,
-                        (wait.as_secs_f64().ceil().max(1.0) as u64).to_string(),
-                    )],
-                    Json(json!({"error": "too_many_requests", "error_description": "too many requests with an invalid token from this address; retry later"})),
-                )
-                    .into_response(),
-                None => (
-                    StatusCode::UNAUTHORIZED,
-                    [(header::WWW_AUTHENTICATE, bearer_challenge(&state, error))],
-                    Json(json!({"error": error.unwrap_or("unauthorized"), "error_description": "a valid bearer access token is required"})),
-                )
-                    .into_response(),
-            };
-            // An unread request body makes the server drop the keep-alive connection right
-            // after this answer, racing the client's next request on it (which then sees a
-            // reset, not an answer). Read a small body to its end; refuse to keep a
-            // connection whose body is large, and say so, rather than read it for a stranger.
-            if !drain_body(req.into_body()).await {
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            response
-        }
+        Err(refusal) => refusal,
+    };
+    let error = if refusal.error == TokenError::Missing {
+        None
+    } else {
+        Some("invalid_token")
+    };
+    let mut response = match refusal.limited {
+        Some(wait) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(
+                header::RETRY_AFTER,
+                (wait.as_secs_f64().ceil().max(1.0) as u64).to_string(),
+            )],
+            Json(json!({"error": "too_many_requests", "error_description": "too many requests with an invalid token from this address; retry later"})),
+        )
+            .into_response(),
+        None => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, bearer_challenge(&state, error))],
+            Json(json!({"error": error.unwrap_or("unauthorized"), "error_description": "a valid bearer access token is required"})),
+        )
+            .into_response(),
+    };
+    // An unread request body makes the server drop the keep-alive connection right after this
+    // answer, racing the client's next request on it (which then sees a reset, not an answer).
+    // Read a small body to its end; refuse to keep a connection whose body is large, and say
+    // so, rather than read it for a stranger.
+    if !drain_body(req.into_body()).await {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
+    response
 }
 
 /// Largest body read (and discarded) from a refused request so that its connection can be
@@ -353,22 +310,6 @@ async fn drain_body(body: axum::body::Body) -> bool {
         tokio::time::timeout(std::time::Duration::from_secs(2), read).await,
         Ok(Ok(_))
     )
-}
-
-/// The dev agent holds a token-equivalent of all its live grants.
-fn dev_principal(state: &AppState, agent: &str) -> Principal {
-    let snapshot = state.policy.load();
-    let prefixes = snapshot
-        .agent(agent)
-        .map(|a| a.grants.clone())
-        .unwrap_or_default();
-    Principal {
-        agent: agent.to_owned(),
-        client_id: "dev-agent".to_owned(),
-        jti: None,
-        prefixes,
-        person: None,
-    }
 }
 
 /// Fails closed when the audit log cannot be written: no tool may run un-audited, and the

@@ -128,7 +128,7 @@ async fn reset_user_password(
     Ok((
         StatusCode::CREATED,
         Json(json!({
-            "reset_url": crate::web::accounts::reset_url(&state, &token),
+            "reset_url": crate::service::accounts::reset_url(&state, &token),
             "expires_at": expires,
         })),
     ))

@@ -1,6 +1,9 @@
-//! Rate limits: per agent, per agent × tool pattern (both from the policy snapshot), per
-//! client IP on the token endpoint, and failed credential checks per source IP and per
-//! client id.
+//! Rate limits, one mechanism for every surface: what a request is about to do is named by a
+//! [`LimitedAction`] (an agent's request or call, a credential check, a bearer token that did
+//! not verify, a token request, a sign-in) and [`RateLimits::take`] admits it or says why not.
+//! The budgets behind it: per agent and per agent × tool pattern (both from the policy
+//! snapshot), per client IP on the token endpoint, failed credential checks per source IP and
+//! per client id, and sign-in attempts per source and per account.
 //!
 //! The agent limits are counted in Redis when a store is configured ([`SharedStore`]), so
 //! every instance draws on one budget; otherwise, and while the store is down in the `open`
@@ -8,7 +11,8 @@
 //! the traffic. Failed credential checks are counted in this process first (so a burst of
 //! concurrent guesses is charged before any is checked) and, with a store, in Redis too: a
 //! source that spent its budget on one instance is refused on the next instance it fails on.
-//! The token-endpoint request limit is per instance.
+//! The token-endpoint request limit is per instance. Sign-in attempts are counted in Postgres,
+//! so every instance counts together whether or not a store is configured.
 //!
 //! Every map keyed by something a stranger chooses (a source address, a client id) is bounded:
 //! when full, the entries closest to having recovered are forgotten first, so a spray of
@@ -17,6 +21,7 @@
 pub mod rate;
 pub mod refusals;
 mod shared;
+mod sign_in;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
@@ -30,6 +35,9 @@ use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLim
 
 pub use rate::{Limit, LimitForm, MAX_RATE, Period};
 pub use shared::{FailureMode, SharedStore, StoreSettings};
+pub use sign_in::{SIGN_IN_PER_IP, SIGN_IN_PER_USER};
+
+use sqlx::PgPool;
 
 use crate::policy::GrantTarget;
 use crate::policy::snapshot::{AgentView, RateLimitRecord};
@@ -55,8 +63,75 @@ type Key = (String, Option<String>);
 pub enum Refusal {
     /// A limit is exhausted: retry after this long.
     Exhausted(Duration),
-    /// The shared store could not be asked and the failure mode is `closed`.
+    /// The store that counts the limit could not be asked and nothing may pass uncounted (the
+    /// shared store in the `closed` failure mode, or the database for sign-ins).
     StoreUnavailable(Duration),
+}
+
+impl Refusal {
+    /// How long the caller should wait before trying again.
+    pub fn retry_after(self) -> Duration {
+        match self {
+            Refusal::Exhausted(d) | Refusal::StoreUnavailable(d) => d,
+        }
+    }
+}
+
+/// What a request is about to do that a limit bounds: the one key of every limit. Whoever
+/// takes an action names it by what it is, never by a string of its own making; how it is
+/// counted (and where) is this module's business.
+#[derive(Debug, Clone, Copy)]
+pub enum LimitedAction<'a> {
+    /// A request of an agent that names no tool (a listing, a search): its own limits.
+    Agent(&'a AgentView),
+    /// A call of `tool` by `agent`: its own limits and those of the patterns `tool` matches.
+    Call { agent: &'a AgentView, tool: &'a str },
+    /// A check of a credential (client secret or assertion, admin token) from `source` for
+    /// `client` (either may be unknown), charged before the check and taken back when it
+    /// succeeds: see [`Taken::succeeded`].
+    CredentialCheck {
+        source: Option<IpAddr>,
+        client: Option<&'a str>,
+    },
+    /// A bearer token from `source` that did not verify; a valid one is never counted.
+    InvalidBearer { source: Option<IpAddr> },
+    /// A request to the token or authorize endpoint from `source`, however it ends.
+    TokenRequest { source: Option<IpAddr> },
+    /// A sign-in attempt from `source` for `account`, right or wrong; `None` before an
+    /// identity provider has named the account.
+    SignIn {
+        source: IpAddr,
+        account: Option<&'a str>,
+    },
+}
+
+/// An admitted action. For a credential check it is a failure already counted, which
+/// [`Taken::succeeded`] takes back; dropping it unsettled leaves the failure counted. For every
+/// other action there is nothing to settle.
+#[must_use = "a credential check counts as failed unless `succeeded` is called"]
+pub struct Taken<'a> {
+    credential: Option<CredentialAttempt<'a>>,
+}
+
+impl Taken<'_> {
+    fn nothing() -> Self {
+        Self { credential: None }
+    }
+
+    /// The credential was right: no failure is counted, and the source is remembered as one
+    /// its client authenticates from.
+    pub fn succeeded(self) {
+        if let Some(c) = self.credential {
+            c.succeeded();
+        }
+    }
+
+    /// The check could not be made (overload, database down): no failure is counted.
+    pub fn not_checked(self) {
+        if let Some(c) = self.credential {
+            c.not_checked();
+        }
+    }
 }
 
 pub struct RateLimits {
@@ -71,6 +146,8 @@ pub struct RateLimits {
     /// (client id hash, source) pairs that authenticated recently: such a source is not held
     /// back by its client id's failure budget, which a stranger elsewhere may have spent.
     known_good: Mutex<HashMap<(u64, IpAddr), Instant>>,
+    /// Where sign-in attempts are counted; without it none is admitted.
+    sign_ins: Option<PgPool>,
     clock: DefaultClock,
 }
 
@@ -199,8 +276,7 @@ pub fn source_key(ip: IpAddr) -> IpAddr {
 /// client id; [`CredentialAttempt::succeeded`] takes that back. Dropping it unsettled (a wrong
 /// credential, or a request abandoned halfway) leaves the failure counted, and tells the
 /// shared store when there is one.
-#[must_use = "a credential attempt counts as failed unless `succeeded` is called"]
-pub struct CredentialAttempt<'a> {
+struct CredentialAttempt<'a> {
     limits: &'a RateLimits,
     ip: Option<IpAddr>,
     client: Option<u64>,
@@ -212,7 +288,7 @@ pub struct CredentialAttempt<'a> {
 impl CredentialAttempt<'_> {
     /// The credential was right: no failure is counted, and the source is remembered as one
     /// this client authenticates from.
-    pub fn succeeded(mut self) {
+    fn succeeded(mut self) {
         if let (Some(c), Some(ip)) = (self.client, self.ip) {
             self.limits.remember_good(c, ip);
         }
@@ -220,7 +296,7 @@ impl CredentialAttempt<'_> {
     }
 
     /// The check could not be made (overload, database down): no failure is counted.
-    pub fn not_checked(mut self) {
+    fn not_checked(mut self) {
         self.refund();
     }
 
@@ -267,7 +343,48 @@ impl RateLimits {
             failed_by_client: Failures::new(FAILURES_PER_CLIENT),
             client_hasher: std::collections::hash_map::RandomState::new(),
             known_good: Mutex::new(HashMap::new()),
+            sign_ins: None,
             clock: DefaultClock::default(),
+        }
+    }
+
+    /// Counts sign-in attempts in `db`, shared by every instance.
+    pub fn counting_sign_ins_in(mut self, db: PgPool) -> Self {
+        self.sign_ins = Some(db);
+        self
+    }
+
+    /// Takes `action` from its budgets, or says why it may not happen now. The one entry
+    /// point of every limit.
+    pub async fn take(&self, action: LimitedAction<'_>) -> Result<Taken<'_>, Refusal> {
+        match action {
+            LimitedAction::Agent(agent) => self.check(agent, None).await.map(|()| Taken::nothing()),
+            LimitedAction::Call { agent, tool } => self
+                .check(agent, Some(tool))
+                .await
+                .map(|()| Taken::nothing()),
+            LimitedAction::CredentialCheck { source, client } => self
+                .credential_attempt(source, client)
+                .map(|c| Taken {
+                    credential: Some(c),
+                })
+                .map_err(Refusal::Exhausted),
+            LimitedAction::InvalidBearer { source } => self
+                .bearer_failed(source)
+                .await
+                .map(|()| Taken::nothing())
+                .map_err(Refusal::Exhausted),
+            LimitedAction::TokenRequest { source } => match source {
+                Some(ip) => self
+                    .check_token_ip(ip)
+                    .map(|()| Taken::nothing())
+                    .map_err(Refusal::Exhausted),
+                None => Ok(Taken::nothing()),
+            },
+            LimitedAction::SignIn { source, account } => self
+                .sign_in(source, account)
+                .await
+                .map(|()| Taken::nothing()),
         }
     }
 
@@ -299,7 +416,7 @@ impl RateLimits {
     /// any work is done for it; the wait before retrying when either has failed too often.
     /// A source that authenticated this client recently is not held back by the client id's
     /// budget: a stranger failing against a client id elsewhere cannot lock its agent out.
-    pub fn credential_attempt(
+    fn credential_attempt(
         &self,
         ip: Option<IpAddr>,
         client_id: Option<&str>,
@@ -331,7 +448,7 @@ impl RateLimits {
     /// Counts a failed bearer-token check from `ip` (a request with a token that is not
     /// valid), here and in the shared store; the wait before retrying when the source's budget
     /// is spent. A valid token is never counted, nor refused for its source's failures.
-    pub async fn bearer_failed(&self, ip: Option<IpAddr>) -> Result<(), Duration> {
+    async fn bearer_failed(&self, ip: Option<IpAddr>) -> Result<(), Duration> {
         let Some(ip) = ip.map(source_key) else {
             return Ok(());
         };
@@ -343,6 +460,21 @@ impl RateLimits {
             return Err(wait);
         }
         Ok(())
+    }
+
+    /// Takes one sign-in attempt from `source` for `account` in Postgres. A database that
+    /// cannot count refuses the attempt: a sign-in is never let through uncounted.
+    async fn sign_in(&self, source: IpAddr, account: Option<&str>) -> Result<(), Refusal> {
+        let Some(db) = &self.sign_ins else {
+            return Err(Refusal::StoreUnavailable(SIGN_IN_PER_IP.1));
+        };
+        match sign_in::charge(db, source, account).await {
+            Ok(verdict) => verdict.map_err(Refusal::Exhausted),
+            Err(e) => {
+                tracing::error!(error = %e, "counting a sign-in attempt failed");
+                Err(Refusal::StoreUnavailable(SIGN_IN_PER_IP.1))
+            }
+        }
     }
 
     /// Tells the shared store of a failure charged here, without waiting for it; if the
@@ -386,7 +518,8 @@ impl RateLimits {
     }
 
     /// Takes one request from every limit that applies to `agent` (and `tool`, when the
-    /// request is a call), or says why not. With a shared store, all of them in one atomic
+    /// request is a call), or says why not: [`LimitedAction::Agent`] and
+    /// [`LimitedAction::Call`], without a [`Taken`] to hold. With a shared store, all of them in one atomic
     /// step there: a request refused by one limit is charged to none.
     pub async fn check(&self, agent: &AgentView, tool: Option<&str>) -> Result<(), Refusal> {
         let applying: Vec<&RateLimitRecord> = agent
@@ -429,7 +562,7 @@ impl RateLimits {
 
     /// Against client-secret guessing on `/oauth/token`; IPv6 counted per /64 like failures,
     /// so one host cannot make a key of every address it holds.
-    pub fn check_token_ip(&self, ip: IpAddr) -> Result<(), Duration> {
+    fn check_token_ip(&self, ip: IpAddr) -> Result<(), Duration> {
         if self.token_ip.len() >= MAX_TOKEN_SOURCES {
             self.token_ip.retain_recent();
         }
@@ -601,6 +734,42 @@ mod tests {
                 .is_err()
         );
         assert!(limits.credential_attempt(Some(home), Some("tgc_a")).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_credential_check_taken_counts_until_it_succeeds() {
+        let limits = RateLimits::new(10, 10);
+        let source = Some("192.0.2.9".parse().unwrap());
+        let check = LimitedAction::CredentialCheck {
+            source,
+            client: None,
+        };
+        for _ in 0..FAILURES_PER_IP.0 + 5 {
+            limits.take(check).await.unwrap().succeeded();
+        }
+        for _ in 0..FAILURES_PER_IP.0 {
+            let _failed = limits.take(check).await.unwrap();
+        }
+        let Err(Refusal::Exhausted(wait)) = limits.take(check).await else {
+            panic!("a source past its failures was let through")
+        };
+        assert!(wait > Duration::ZERO && wait <= FAILURES_PER_IP.1);
+        // The invalid bearer tokens of that source draw on the same budget.
+        let bearer = LimitedAction::InvalidBearer { source };
+        assert!(limits.take(bearer).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_sign_in_that_cannot_be_counted_is_refused() {
+        let limits = RateLimits::new(10, 10);
+        let sign_in = LimitedAction::SignIn {
+            source: "192.0.2.10".parse().unwrap(),
+            account: Some("ada"),
+        };
+        assert!(matches!(
+            limits.take(sign_in).await,
+            Err(Refusal::StoreUnavailable(_))
+        ));
     }
 
     #[tokio::test]

@@ -11,29 +11,18 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Form, Json, Router};
-use base64::Engine;
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use chrono::{TimeZone, Utc};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Value, json};
 
-use crate::audit::{AuditEvent, EventKind, Outcome, RequestOrigin};
-use crate::auth::token::{self, AccessClaims, sign};
-use crate::auth::{keys, secrets};
+use crate::audit::{Outcome, RequestOrigin};
+use crate::auth::admin::{self, AdminRefusal};
+use crate::auth::client::{self, AuthenticatedClient, ClientRefusal};
+use crate::auth::keys;
+use crate::auth::scope;
+use crate::auth::token::{AccessClaims, sign};
 use crate::db;
-use crate::policy::GrantTarget;
 use crate::state::AppState;
-
-pub const CLIENT_ASSERTION_TYPE: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
-/// Algorithms accepted for `private_key_jwt` client assertions.
-const ASSERTION_ALGS: [Algorithm; 4] = [
-    Algorithm::EdDSA,
-    Algorithm::RS256,
-    Algorithm::ES256,
-    Algorithm::PS256,
-];
-/// Longest lifetime accepted for a client assertion.
-pub const MAX_ASSERTION_LIFETIME_SECS: i64 = 600;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -139,15 +128,7 @@ impl IntoResponse for OAuthError {
     }
 }
 
-/// The source address of a request, as the failure limits count it.
-fn source_ip(origin: Option<&RequestOrigin>) -> Option<std::net::IpAddr> {
-    origin
-        .and_then(|o| o.remote_addr.as_deref())
-        .and_then(|a| a.parse().ok())
-}
-
-/// Records a refused client authentication without waiting on the audit log: outsiders'
-/// failures must never be slowed or blocked by it.
+/// Puts a refused client authentication on record (see [`client::authentication_refused`]).
 fn audit_failure(
     state: &AppState,
     origin: Option<&RequestOrigin>,
@@ -155,308 +136,39 @@ fn audit_failure(
     client_id: Option<String>,
     err: &OAuthError,
 ) {
-    let mut e = AuditEvent::new(EventKind::ClientAuthFailed, err.outcome()).from_origin(origin);
-    e.client_id = client_id.map(|c| bounded_client_id(&c));
-    e.resource = Some(endpoint.to_owned());
-    e.error = Some(format!("{}: {}", err.error, err.description));
-    state.refusals.record(e, "oauth", err.error);
+    client::authentication_refused(
+        state,
+        origin,
+        endpoint,
+        client_id.as_deref(),
+        err.outcome(),
+        err.error,
+        &err.description,
+    );
 }
 
-/// A client id as a stranger sent it, cut to what an audit row keeps.
-fn bounded_client_id(c: &str) -> String {
-    c.chars().take(db::assertions::MAX_CLIENT_ID).collect()
-}
-
-/// The client id a request claims, whichever authentication method it uses.
-fn claimed_client_id(headers: &HeaderMap, form: &HashMap<String, String>) -> Option<String> {
-    form.get("client_id")
-        .cloned()
-        .or_else(|| basic_credentials(headers).map(|(id, _)| id))
-        .or_else(|| {
-            form.get("client_assertion")
-                .and_then(|a| unverified_claim(a, "sub"))
-        })
-}
-
-/// An authenticated OAuth client.
-pub struct AuthenticatedClient {
-    pub client_id: String,
-    pub agent: String,
-}
-
-fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
-    let h = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let b64 = h
-        .strip_prefix("Basic ")
-        .or_else(|| h.strip_prefix("basic "))?;
-    let decoded = String::from_utf8(STANDARD.decode(b64.trim()).ok()?).ok()?;
-    let (id, secret) = decoded.split_once(':')?;
-    // RFC 6749 §2.3.1: both parts are form-urlencoded before base64.
-    let dec = |s: &str| {
-        url::form_urlencoded::parse(format!("v={s}").as_bytes())
-            .next()
-            .map(|(_, v)| v.into_owned())
-    };
-    Some((dec(id)?, dec(secret)?))
-}
-
-/// Authenticates the client with exactly one of client_secret_basic, client_secret_post or
-/// private_key_jwt, within the failure limits of its source address and client id: a source
-/// or client id that failed too often is refused before any lookup or hashing.
+/// Authenticates the client (see [`client::authenticate`]), in OAuth's words when it fails.
 pub async fn authenticate_client(
     state: &AppState,
     headers: &HeaderMap,
     form: &HashMap<String, String>,
     origin: Option<&RequestOrigin>,
 ) -> Result<AuthenticatedClient, OAuthError> {
-    let client_id = claimed_client_id(headers, form);
-    let attempt = state
-        .limits
-        .credential_attempt(source_ip(origin), client_id.as_deref())
-        .map_err(OAuthError::slow_down)?;
-    match check_client(state, headers, form).await {
-        Ok(client) => {
-            attempt.succeeded();
-            Ok(client)
-        }
-        // Nothing was checked (no verification slot, or no database): no failure either.
-        Err(e) if e.status == StatusCode::SERVICE_UNAVAILABLE => {
-            attempt.not_checked();
-            Err(e)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-async fn check_client(
-    state: &AppState,
-    headers: &HeaderMap,
-    form: &HashMap<String, String>,
-) -> Result<AuthenticatedClient, OAuthError> {
-    let basic = basic_credentials(headers);
-    let post = form.get("client_secret").map(|s| {
-        (
-            form.get("client_id").cloned().unwrap_or_default(),
-            s.clone(),
-        )
-    });
-    let assertion = form.get("client_assertion");
-    let methods = [basic.is_some(), post.is_some(), assertion.is_some()]
-        .iter()
-        .filter(|m| **m)
-        .count();
-    if methods > 1 {
-        return Err(OAuthError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "use exactly one client authentication method",
-        ));
-    }
-    if let Some(assertion) = assertion {
-        if form.get("client_assertion_type").map(String::as_str) != Some(CLIENT_ASSERTION_TYPE) {
-            return Err(OAuthError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                "unsupported client_assertion_type",
-            ));
-        }
-        return verify_assertion(state, assertion, form.get("client_id")).await;
-    }
-    let Some((client_id, secret)) = basic.or(post) else {
-        return Err(OAuthError::invalid_client(
-            "client authentication is required",
-        ));
-    };
-    let client = db::clients::client(&state.db, &client_id)
+    client::authenticate(state, headers, form, origin)
         .await
-        .map_err(|_| {
-            OAuthError::new(
+        .map_err(|refusal| match refusal {
+            ClientRefusal::Malformed(d) => {
+                OAuthError::new(StatusCode::BAD_REQUEST, "invalid_request", d)
+            }
+            ClientRefusal::Invalid(d) => OAuthError::invalid_client(d),
+            ClientRefusal::Limited(wait) => OAuthError::slow_down(wait),
+            ClientRefusal::Busy => OAuthError::busy(),
+            ClientRefusal::Unavailable => OAuthError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "temporarily_unavailable",
                 "try again",
-            )
-        })?;
-    let stored = client.as_ref().and_then(|c| c.secret_hash.clone());
-    let ok = secrets::VERIFIER
-        .check(secret, stored)
-        .await
-        .map_err(|_| OAuthError::busy())?;
-    match client {
-        Some(c) if ok => Ok(AuthenticatedClient {
-            client_id: c.client_id,
-            agent: c.agent,
-        }),
-        _ => Err(OAuthError::invalid_client("client authentication failed")),
-    }
-}
-
-/// Reads a claim from a JWT's payload without verifying it, only to find which key to verify with.
-fn unverified_claim(jwt: &str, claim: &str) -> Option<String> {
-    let payload = jwt.split('.').nth(1)?;
-    let bytes = URL_SAFE_NO_PAD.decode(payload).ok()?;
-    let v: Value = serde_json::from_slice(&bytes).ok()?;
-    v.get(claim)?.as_str().map(str::to_owned)
-}
-
-async fn verify_assertion(
-    state: &AppState,
-    assertion: &str,
-    form_client_id: Option<&String>,
-) -> Result<AuthenticatedClient, OAuthError> {
-    let fail = || OAuthError::invalid_client("client assertion rejected");
-    let client_id =
-        assertion_client_id(assertion, form_client_id.map(String::as_str)).ok_or_else(fail)?;
-    let client = db::clients::client(&state.db, &client_id)
-        .await
-        .map_err(|_| {
-            OAuthError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "temporarily_unavailable",
-                "try again",
-            )
-        })?
-        .ok_or_else(fail)?;
-    let verified = check_assertion(
-        assertion,
-        &client_id,
-        client.jwks.as_ref(),
-        &state.settings.issuer,
-    )
-    .ok_or_else(fail)?;
-    // Single use across every instance: the id is recorded in Postgres until the assertion
-    // could no longer pass validation. No database, no token: never accept unrecorded.
-    let valid_until = Utc
-        .timestamp_opt(verified.exp + token::CLOCK_LEEWAY_SECS as i64, 0)
-        .single()
-        .ok_or_else(fail)?;
-    match db::assertions::first_use(&state.db, &client.client_id, &verified.jti, valid_until).await
-    {
-        Ok(true) => {}
-        Ok(false) => {
-            return Err(OAuthError::invalid_client(
-                "client assertion already used (its jti was seen before)",
-            ));
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "recording a client assertion id failed");
-            return Err(OAuthError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "temporarily_unavailable",
-                "try again",
-            ));
-        }
-    }
-    Ok(AuthenticatedClient {
-        client_id: client.client_id,
-        agent: client.agent,
-    })
-}
-
-/// The client a `private_key_jwt` assertion speaks for (its unverified `sub`, which must agree
-/// with a `client_id` sent beside it), or `None` before any database lookup if the assertion
-/// cannot be one of ours.
-pub fn assertion_client_id(assertion: &str, form_client_id: Option<&str>) -> Option<String> {
-    let header = jsonwebtoken::decode_header(assertion).ok()?;
-    if !ASSERTION_ALGS.contains(&header.alg) {
-        return None;
-    }
-    match (form_client_id, unverified_claim(assertion, "sub")) {
-        (Some(f), Some(s)) if f != s => None,
-        (_, s) => s.filter(|s| s.len() <= db::assertions::MAX_CLIENT_ID),
-    }
-}
-
-/// What a verified client assertion carries for the replay check.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VerifiedAssertion {
-    pub jti: String,
-    pub exp: i64,
-    pub claims: Value,
-}
-
-/// Verifies an assertion against the client's registered JWKS: algorithm, key, signature,
-/// `iss` = `sub` = the client, `aud` = our token endpoint or issuer, `exp` at most
-/// [`MAX_ASSERTION_LIFETIME_SECS`] ahead, `nbf` and `iat` not in the future (within
-/// [`token::CLOCK_LEEWAY_SECS`]), a `jti`. Single use is the caller's to enforce.
-pub fn check_assertion(
-    assertion: &str,
-    client_id: &str,
-    jwks: Option<&Value>,
-    issuer: &str,
-) -> Option<VerifiedAssertion> {
-    let header = jsonwebtoken::decode_header(assertion).ok()?;
-    if !ASSERTION_ALGS.contains(&header.alg) {
-        return None;
-    }
-    let jwks: jsonwebtoken::jwk::JwkSet = serde_json::from_value(jwks?.clone()).ok()?;
-    let jwk = match &header.kid {
-        Some(kid) => jwks.find(kid),
-        None if jwks.keys.len() == 1 => jwks.keys.first(),
-        None => None,
-    }?;
-    let key = DecodingKey::from_jwk(jwk).ok()?;
-    let mut v = Validation::new(header.alg);
-    v.set_issuer(&[client_id]);
-    v.sub = Some(client_id.to_owned());
-    v.set_audience(&[format!("{issuer}/oauth/token"), issuer.to_owned()]);
-    v.set_required_spec_claims(&["exp", "iss", "sub", "aud"]);
-    v.validate_nbf = true;
-    v.leeway = token::CLOCK_LEEWAY_SECS;
-    let data = jsonwebtoken::decode::<Value>(assertion, &key, &v).ok()?;
-    let now = Utc::now().timestamp();
-    let exp = data.claims.get("exp").and_then(Value::as_i64).unwrap_or(0);
-    if exp - now > MAX_ASSERTION_LIFETIME_SECS {
-        return None;
-    }
-    let iat = data
-        .claims
-        .get("iat")
-        .and_then(|v| v.as_i64().or_else(|| v.as_f64().map(|f| f as i64)));
-    token::check_iat(iat, now).ok()?;
-    // The id is stored as it is: a bounded length, and no NUL (which Postgres refuses).
-    let jti = data
-        .claims
-        .get("jti")
-        .and_then(Value::as_str)
-        .filter(|j| !j.is_empty() && j.len() <= db::assertions::MAX_JTI && !j.contains('\0'))?
-        .to_owned();
-    Some(VerifiedAssertion {
-        jti,
-        exp,
-        claims: data.claims,
-    })
-}
-
-/// Narrows the agent's live grants by a requested `scope` (`tools:search tools:weather__current`).
-///
-/// A scope that is not of our form is an error. A well-formed scope the agent is not granted
-/// is left out of the token (RFC 6749 §3.3 lets the server issue less than asked, and the
-/// response says what was issued): MCP clients request every scope the protected-resource
-/// metadata lists. If nothing requested is granted, the request fails with `invalid_scope`.
-pub fn narrow(grants: &[GrantTarget], scope: Option<&str>) -> Result<Vec<GrantTarget>, String> {
-    let Some(scope) = scope.map(str::trim).filter(|s| !s.is_empty()) else {
-        return Ok(grants.to_vec());
-    };
-    let mut out = Vec::new();
-    for item in scope.split_whitespace() {
-        let target = item.strip_prefix("tools:").and_then(|t| GrantTarget::parse(t).ok()).ok_or_else(|| {
-            format!("unknown scope `{item}`; scopes look like `tools:<group>` or `tools:<group>__<tool>`")
-        })?;
-        let covered = grants.iter().any(|g| match (&target, g) {
-            (GrantTarget::Group(a), GrantTarget::Group(b)) => a == b,
-            (GrantTarget::Tool(t), g) => g.matches(t.as_str()),
-            (GrantTarget::Group(_), GrantTarget::Tool(_)) => false,
-        });
-        if covered && !out.contains(&target) {
-            out.push(target);
-        }
-    }
-    if out.is_empty() {
-        return Err(format!(
-            "none of the requested scopes (`{scope}`) is granted to this agent"
-        ));
-    }
-    Ok(out)
+            ),
+        })
 }
 
 async fn token(
@@ -466,19 +178,8 @@ async fn token(
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
     let origin = origin.map(|o| o.0);
-    let ip = origin
-        .as_ref()
-        .and_then(|o| o.remote_addr.as_deref())
-        .and_then(|a| a.parse().ok());
-    if let Some(ip) = ip
-        && let Err(wait) = state.limits.check_token_ip(ip)
-    {
-        let mut e = AuditEvent::new(EventKind::ClientAuthFailed, Outcome::RateLimited)
-            .from_origin(origin.as_ref());
-        e.client_id = form.get("client_id").map(|c| bounded_client_id(c));
-        e.resource = Some("/oauth/token".to_owned());
-        e.error = Some("slow_down: too many token requests from this address".to_owned());
-        state.refusals.record(e, "oauth", "too many token requests");
+    let claimed = form.get("client_id").map(String::as_str);
+    if let Err(wait) = client::admit_token_request(&state, origin.as_ref(), claimed).await {
         let secs = retry_secs(wait);
         return (
             StatusCode::TOO_MANY_REQUESTS,
@@ -489,16 +190,10 @@ async fn token(
     }
     match issue_token(&state, &headers, &form, origin.as_ref()).await {
         Ok((body, claims)) => {
-            let mut e = AuditEvent::new(EventKind::TokenIssued, Outcome::Success)
-                .from_origin(origin.as_ref());
-            e.agent = Some(claims.sub.clone());
-            e.client_id = Some(claims.client_id.clone());
-            e.jti = Some(claims.jti.clone());
-            e.person = claims.act.as_ref().map(|a| a.sub.clone());
-            e.resource = Some(claims.aud.clone());
-            e.details = Some(json!({"scope": claims.scope, "tool_prefixes": claims.tool_prefixes, "exp": claims.exp}).to_string());
-            // A token that is not in the audit log is not handed out.
-            if state.audit.record(e).await.is_err() {
+            if client::token_issued(&state, origin.as_ref(), &claims)
+                .await
+                .is_err()
+            {
                 return OAuthError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "temporarily_unavailable",
@@ -517,15 +212,17 @@ async fn token(
                 .into_response()
         }
         Err(err) => {
-            let client_id = claimed_client_id(&headers, &form);
+            let client_id = client::claimed_client_id(&headers, &form);
             if err.is_credential_failure() {
                 audit_failure(&state, origin.as_ref(), "/oauth/token", client_id, &err);
             } else {
-                let mut e = AuditEvent::new(EventKind::TokenIssued, Outcome::Denied)
-                    .from_origin(origin.as_ref());
-                e.client_id = client_id.map(|c| bounded_client_id(&c));
-                e.error = Some(format!("{}: {}", err.error, err.description));
-                state.refusals.record(e, "oauth", err.error);
+                client::token_refused(
+                    &state,
+                    origin.as_ref(),
+                    client_id.as_deref(),
+                    err.error,
+                    &err.description,
+                );
             }
             err.into_response()
         }
@@ -582,7 +279,7 @@ async fn issue_token(
         .map(|a| a.grants.clone())
         .unwrap_or_default();
     drop(snapshot);
-    let prefixes = narrow(&grants, form.get("scope").map(String::as_str))
+    let prefixes = scope::narrow(&grants, form.get("scope").map(String::as_str))
         .map_err(|e| OAuthError::new(StatusCode::BAD_REQUEST, "invalid_scope", e))?;
     let key = db::keys::current_signing_key(&state.db)
         .await
@@ -657,7 +354,7 @@ async fn revoke(
         Ok(c) => c,
         Err(e) => {
             if e.is_credential_failure() {
-                let client_id = claimed_client_id(&headers, &form);
+                let client_id = client::claimed_client_id(&headers, &form);
                 audit_failure(&state, origin.as_ref(), "/oauth/revoke", client_id, &e);
             }
             return e.into_response();
@@ -708,10 +405,32 @@ async fn introspect(
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
     let origin = origin.map(|o| o.0);
-    if let Err(refused) =
-        crate::api::check_admin_token(&state, &headers, origin.as_ref(), "/oauth/introspect")
-    {
-        return refused.into_response("Bearer", json!({"error": "invalid_client"}));
+    let checked = admin::check(
+        &state,
+        &headers,
+        origin.as_ref(),
+        "/oauth/introspect",
+        "oauth",
+    )
+    .await;
+    match checked {
+        Ok(()) => {}
+        Err(AdminRefusal::Invalid) => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                Json(json!({"error": "invalid_client"})),
+            )
+                .into_response();
+        }
+        Err(AdminRefusal::Limited(wait)) => {
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, retry_secs(wait).to_string())],
+                Json(json!({"error": "too many failed admin token checks from this address; retry later"})),
+            )
+                .into_response();
+        }
     }
     let inactive = Json(json!({"active": false})).into_response();
     let Some(token) = form.get("token") else {
@@ -782,34 +501,5 @@ async fn jwks(State(state): State<AppState>) -> Response {
             tracing::error!(error = %e, "reading the signing keys failed");
             StatusCode::SERVICE_UNAVAILABLE.into_response()
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn g(s: &str) -> GrantTarget {
-        GrantTarget::parse(s).unwrap()
-    }
-
-    #[test]
-    fn scope_narrows_but_never_widens() {
-        let grants = [g("search"), g("weather__current")];
-        assert_eq!(narrow(&grants, None).unwrap(), grants.to_vec());
-        assert_eq!(
-            narrow(&grants, Some("tools:search")).unwrap(),
-            vec![g("search")]
-        );
-        assert_eq!(
-            narrow(&grants, Some("tools:search__query")).unwrap(),
-            vec![g("search__query")]
-        );
-        assert!(narrow(&grants, Some("tools:weather")).is_err());
-        assert_eq!(
-            narrow(&grants, Some("tools:weather tools:search")).unwrap(),
-            vec![g("search")]
-        );
-        assert!(narrow(&grants, Some("admin")).is_err());
     }
 }

@@ -201,6 +201,12 @@ pub async fn set_role<'a>(
     Ok(())
 }
 
+/// The link of a reset token. The token is in the query, which request logs leave out (they
+/// record the path).
+pub fn reset_url(state: &crate::state::AppState, token: &str) -> String {
+    format!("{}/admin/reset?token={token}", state.settings.issuer)
+}
+
 /// A one-time reset link token for a local account (shown once; only its hash is stored),
 /// and when it stops working.
 pub async fn reset_link<'a>(

@@ -81,7 +81,8 @@ impl AppState {
             settings.token_rate.0,
             settings.token_rate.1,
             shared,
-        );
+        )
+        .counting_sign_ins_in(db.clone());
         let refusals = crate::limits::refusals::RefusalLog::new(
             audit.clone(),
             Duration::from_secs(settings.perimeter.refusal_summary_secs),

@@ -278,7 +278,7 @@ pub async fn act(
             // Shown once, on this response only: it is as good as the password.
             return render(&ResetLinkPage {
                 page: ctx.page(Nav::Accounts, format!("Account {username}")),
-                link: reset_url(&state, &token),
+                link: crate::service::accounts::reset_url(&state, &token),
                 username,
                 expires: when(&expires),
             });
@@ -295,12 +295,6 @@ struct ResetPage {
     username: String,
     csrf: String,
     error: Option<String>,
-}
-
-/// The link of a reset token. The token is in the query, which request logs leave out (they
-/// record the path).
-pub fn reset_url(state: &crate::state::AppState, token: &str) -> String {
-    format!("{}/admin/reset?token={token}", state.settings.issuer)
 }
 
 #[derive(Deserialize)]

@@ -10,13 +10,12 @@ use serde::Deserialize;
 use super::WebState;
 use super::error::WebError;
 use super::session::{
-    self, Admin, LOGIN_COOKIE, SESSION_COOKIE, client_ip, random_token, same_token, set_cookie,
-    sha256_hex,
+    self, Admin, LOGIN_COOKIE, SESSION_COOKIE, random_token, same_token, set_cookie,
 };
 use super::view::render_status;
-use crate::audit::{AuditEvent, EventKind, Outcome, RequestOrigin};
-use crate::auth::secrets;
-use crate::db;
+use crate::audit::RequestOrigin;
+use crate::auth::signin::{self, PasswordSignIn, SignInFailed};
+use crate::limits::Refusal;
 
 #[derive(Template)]
 #[template(path = "admin/login.html")]
@@ -73,7 +72,7 @@ pub async fn login_form(
     Query(q): Query<LoginQuery>,
 ) -> Result<Response, WebError> {
     if let Some(token) = session::cookie(&headers, SESSION_COOKIE)
-        && db::sessions::session(&state.db, &sha256_hex(token), state.accounts.session_idle)
+        && crate::auth::session::find(&state, token, state.accounts.session_idle)
             .await?
             .is_some()
     {
@@ -111,14 +110,25 @@ pub struct LoginForm {
     next: Option<String>,
 }
 
-fn login_event(outcome: Outcome, username: &str, origin: Option<&RequestOrigin>) -> AuditEvent {
-    let mut e = AuditEvent::new(EventKind::AdminLogin, outcome).from_origin(origin);
-    e.admin_user = Some(format!(
-        "admin:{}",
-        username.chars().take(64).collect::<String>()
-    ));
-    e.resource = Some("admin-ui".into());
-    e
+impl From<SignInFailed> for WebError {
+    fn from(e: SignInFailed) -> Self {
+        match e {
+            SignInFailed::Database(e) => WebError::Unavailable(e),
+            SignInFailed::Internal(e) => WebError::Internal(e),
+        }
+    }
+}
+
+/// The seconds a sign-in refused by its limits is to wait before it is tried again.
+pub(super) fn sign_in_wait(refusal: Refusal) -> Result<u64, WebError> {
+    match refusal {
+        Refusal::Exhausted(wait) => Ok(wait.as_secs().max(1)),
+        // The attempt could not be counted, so it is not let through: as when the database
+        // that counts it is down.
+        Refusal::StoreUnavailable(_) => Err(WebError::Unavailable(sqlx::Error::Protocol(
+            "sign-in attempts could not be counted".into(),
+        ))),
+    }
 }
 
 pub async fn login_submit(
@@ -153,68 +163,44 @@ pub async fn login_submit(
             StatusCode::FORBIDDEN,
         );
     }
-    if !state.accounts.password_sign_in {
-        state.audit.record_detached(login_event(
-            Outcome::Denied,
-            &form.username,
-            origin.as_ref(),
-        ));
-        return retry(
-            "Password sign-in is turned off here. Use the sign-in button of your provider.",
-            StatusCode::FORBIDDEN,
-        );
-    }
-    let ip = client_ip(origin.as_ref());
-    if let Err(wait) = session::throttle_sign_in(&state.db, ip, &form.username).await? {
-        let secs = wait.as_secs().max(1);
-        let mut r = retry(
-            &format!("Too many sign-in attempts. Wait {secs} seconds and try again."),
-            StatusCode::TOO_MANY_REQUESTS,
-        )?;
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, axum::http::HeaderValue::from(secs));
-        return Ok(r);
-    }
-    let user = if form.username.len() <= 64 {
-        db::accounts::find_user(&state.db, &form.username).await?
-    } else {
-        None
-    };
-    let stored = user.as_ref().and_then(|u| u.password_hash.clone());
-    let password = form.password.clone();
-    // argon2 is deliberately slow: keep it off the async workers. An unknown user is checked
-    // against a dummy hash, so the timing does not tell which usernames exist.
-    let ok = tokio::task::spawn_blocking(move || secrets::verify(&password, stored.as_deref()))
-        .await
-        .map_err(|e| WebError::Internal(e.into()))?;
-    let Some(user) = user.filter(|_| ok) else {
-        state.audit.record_detached(login_event(
-            Outcome::Denied,
-            &form.username,
-            origin.as_ref(),
-        ));
-        return retry("Wrong username or password.", StatusCode::UNAUTHORIZED);
-    };
-    // Only after the password verified: a disabled account is not an oracle for guessers.
-    if user.disabled {
-        state.audit.record_detached(login_event(
-            Outcome::Denied,
-            &user.username,
-            origin.as_ref(),
-        ));
-        return retry(
-            "This account is disabled. Ask an administrator.",
-            StatusCode::FORBIDDEN,
-        );
-    }
-    let cookie = open_session(&state, user.id, origin.as_ref()).await?;
-    let mut conn = state.db.acquire().await?;
-    db::accounts::touch_sign_in(&mut conn, user.id).await?;
-    state.audit.record_detached(login_event(
-        Outcome::Success,
-        &user.username,
+    let signed_in = signin::with_password(
+        &state,
         origin.as_ref(),
-    ));
+        &form.username,
+        form.password.clone(),
+        state.accounts.password_sign_in,
+        state.accounts.session_max,
+    )
+    .await?;
+    let session = match signed_in {
+        PasswordSignIn::SignedIn { session } => session,
+        PasswordSignIn::TurnedOff => {
+            return retry(
+                "Password sign-in is turned off here. Use the sign-in button of your provider.",
+                StatusCode::FORBIDDEN,
+            );
+        }
+        PasswordSignIn::Limited(refusal) => {
+            let secs = sign_in_wait(refusal)?;
+            let mut r = retry(
+                &format!("Too many sign-in attempts. Wait {secs} seconds and try again."),
+                StatusCode::TOO_MANY_REQUESTS,
+            )?;
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, axum::http::HeaderValue::from(secs));
+            return Ok(r);
+        }
+        PasswordSignIn::Wrong => {
+            return retry("Wrong username or password.", StatusCode::UNAUTHORIZED);
+        }
+        PasswordSignIn::Disabled => {
+            return retry(
+                "This account is disabled. Ask an administrator.",
+                StatusCode::FORBIDDEN,
+            );
+        }
+    };
+    let cookie = session_cookie(&state, &session);
     let mut r = Redirect::to(&next).into_response();
     r.headers_mut().append(header::SET_COOKIE, cookie);
     r.headers_mut().append(
@@ -224,34 +210,15 @@ pub async fn login_submit(
     Ok(r)
 }
 
-/// Starts a session for `user_id` (checked and signed in by the caller); the `Set-Cookie`
-/// value that hands it to the browser.
-pub(super) async fn open_session(
-    state: &WebState,
-    user_id: uuid::Uuid,
-    origin: Option<&RequestOrigin>,
-) -> Result<axum::http::HeaderValue, WebError> {
-    let token = random_token();
-    let lifetime = state.accounts.session_max;
-    let expires = chrono::Utc::now()
-        + chrono::Duration::from_std(lifetime).unwrap_or(chrono::Duration::hours(12));
-    db::sessions::create_session(
-        &state.db,
-        &sha256_hex(&token),
-        user_id,
-        &random_token(),
-        expires,
-        origin.and_then(|o| o.remote_addr.as_deref()),
-        origin.and_then(|o| o.user_agent.as_deref()),
-    )
-    .await?;
-    Ok(set_cookie(
+/// The `Set-Cookie` value that hands the session `token` to the browser.
+pub(super) fn session_cookie(state: &WebState, token: &str) -> axum::http::HeaderValue {
+    set_cookie(
         state,
         SESSION_COOKIE,
-        &token,
+        token,
         "/admin",
-        i64::try_from(lifetime.as_secs()).unwrap_or(43_200),
-    ))
+        i64::try_from(state.accounts.session_max.as_secs()).unwrap_or(43_200),
+    )
 }
 
 pub async fn logout(
@@ -259,12 +226,8 @@ pub async fn logout(
     admin: Admin,
     origin: Option<Extension<RequestOrigin>>,
 ) -> Result<Response, WebError> {
-    db::sessions::delete_session(&state.db, &admin.session_hash).await?;
-    let mut e = AuditEvent::new(EventKind::AdminLogout, Outcome::Success)
-        .from_origin(origin.as_ref().map(|Extension(o)| o));
-    e.admin_user = Some(admin.actor());
-    e.resource = Some("admin-ui".into());
-    state.audit.record_detached(e);
+    let origin = origin.map(|Extension(o)| o);
+    signin::sign_out(&state, origin.as_ref(), admin.actor(), &admin.session_hash).await?;
     let mut r = Redirect::to("/admin/login?signed_out=1").into_response();
     r.headers_mut().append(
         header::SET_COOKIE,

@@ -16,7 +16,7 @@ use super::WebState;
 use super::error::WebError;
 use super::session::Admin;
 use super::view::render;
-use crate::oauth::authorize::{self, AuthorizeRequest};
+use crate::auth::authorize::{self, AuthorizeRequest};
 
 /// The request's parameters carried through the form, and nothing else.
 const CARRIED: [&str; 8] = [

@@ -1,11 +1,10 @@
-//! Sessions, roles, CSRF and the sign-in rate limits.
+//! Sessions as the UI sees them: cookies, roles and CSRF.
 //!
 //! A session is 256 random bits in an `HttpOnly`, `SameSite=Strict` cookie (`Secure` when the
 //! public URL is https); Postgres keeps only its sha256, with the session's CSRF token. Every
 //! request to a protected page passes [`require_session`], which also checks the CSRF token of
 //! every state-changing request and refuses changes to anyone but an `admin`.
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -18,7 +17,6 @@ use axum::response::{IntoResponse, Redirect, Response};
 use super::WebState;
 use super::error::WebError;
 use super::view::Flash;
-use crate::db;
 
 pub const SESSION_COOKIE: &str = "toolgate_session";
 /// Double-submit token of the sign-in form, which has no session yet.
@@ -140,26 +138,19 @@ pub fn set_cookie(
     HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-/// Where a request comes from, for the sign-in rate limit. Behind a proxy this is the proxy.
-pub fn client_ip(origin: Option<&crate::audit::RequestOrigin>) -> IpAddr {
-    origin
-        .and_then(|o| o.remote_addr.as_deref())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
-}
-
 /// Signs requests in, checks CSRF on every state change, and keeps non-admins read-only.
 pub async fn require_session(State(state): State<WebState>, req: Request, next: Next) -> Response {
-    let hash = cookie(req.headers(), SESSION_COOKIE).map(sha256_hex);
-    let record = match &hash {
-        Some(h) => match db::sessions::session(&state.db, h, state.accounts.session_idle).await {
-            Ok(r) => r,
-            Err(e) => return WebError::from(e).into_response(),
-        },
+    let found = match cookie(req.headers(), SESSION_COOKIE) {
+        Some(token) => {
+            match crate::auth::session::find(&state, token, state.accounts.session_idle).await {
+                Ok(r) => r,
+                Err(e) => return WebError::from(e).into_response(),
+            }
+        }
         None => None,
     };
     let safe = matches!(*req.method(), Method::GET | Method::HEAD);
-    let (Some(record), Some(hash)) = (record, hash) else {
+    let Some((record, hash)) = found else {
         if safe {
             let next_url = req
                 .extensions()
@@ -252,74 +243,4 @@ pub fn redirect_with(state: &WebState, to: &str, flash: Flash) -> Response {
         set_cookie(state, FLASH_COOKIE, &flash.encode(), "/admin", 60),
     );
     r
-}
-
-/// Charges one sign-in attempt to the source address only (a sign-in through the OpenID
-/// Provider names no username before the provider answers).
-pub async fn throttle_source(db: &sqlx::PgPool, ip: IpAddr) -> sqlx::Result<Result<(), Duration>> {
-    let (burst, every) = SIGN_IN_PER_IP;
-    db::signin::charge(
-        db,
-        &format!("ip:{}", crate::limits::source_key(ip)),
-        every,
-        burst,
-    )
-    .await
-}
-
-/// Sign-in attempts per client IP, then one more every 6 s.
-pub const SIGN_IN_PER_IP: (u32, Duration) = (10, Duration::from_secs(6));
-/// Sign-in attempts per username, then one more every 12 s.
-pub const SIGN_IN_PER_USER: (u32, Duration) = (5, Duration::from_secs(12));
-/// Only this much of a username is a throttle key (as much as an account name may hold).
-const MAX_USER_KEY: usize = 64;
-
-/// Takes one sign-in attempt from `ip` for `username`, counted in Postgres so that every
-/// instance counts together; the wait before the next when either limit is spent.
-///
-/// Every attempt counts, right or wrong, as a person signs in a handful of times a day. The
-/// source is charged first and, when it is refused, the username is not: one address cannot
-/// spend someone's budget (or add rows) faster than its own allows. IPv6 counts per /64.
-pub async fn throttle_sign_in(
-    db: &sqlx::PgPool,
-    ip: IpAddr,
-    username: &str,
-) -> sqlx::Result<Result<(), Duration>> {
-    let ip_key = format!("ip:{}", crate::limits::source_key(ip));
-    let (burst, every) = SIGN_IN_PER_IP;
-    if let Err(wait) = db::signin::charge(db, &ip_key, every, burst).await? {
-        return Ok(Err(wait));
-    }
-    let (burst, every) = SIGN_IN_PER_USER;
-    db::signin::charge(db, &user_key(username), every, burst).await
-}
-
-/// The throttle key of a username: case folded, bounded, without the NUL Postgres refuses.
-fn user_key(username: &str) -> String {
-    let name: String = username
-        .to_lowercase()
-        .chars()
-        .map(|c| {
-            if c == '\0' {
-                char::REPLACEMENT_CHARACTER
-            } else {
-                c
-            }
-        })
-        .take(MAX_USER_KEY)
-        .collect();
-    let key = format!("user:{name}");
-    debug_assert!(key.chars().count() <= db::signin::MAX_KEY);
-    key
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_username_key_is_bounded_and_storable() {
-        let key = super::user_key(&format!("ADA\0{}", "x".repeat(500)));
-        assert!(key.starts_with("user:ada\u{fffd}x"));
-        assert_eq!(key.chars().count(), "user:".len() + super::MAX_USER_KEY);
-        assert!(!key.contains('\0'));
-    }
 }

@@ -32,8 +32,9 @@ use serde_json::Value;
 
 use super::WebState;
 use super::error::WebError;
-use super::session::{self, Role, client_ip, random_token, sha256_hex};
-use crate::audit::{AuditEvent, EventKind, Outcome, RequestOrigin};
+use super::session::{self, Role, random_token, sha256_hex};
+use crate::audit::RequestOrigin;
+use crate::auth::signin;
 use crate::config::OidcArgs;
 use crate::db;
 
@@ -282,34 +283,6 @@ fn flow_cookie(state: &WebState, value: &str, max_age: i64) -> HeaderValue {
     .unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-fn sso_event(
-    outcome: Outcome,
-    who: Option<&str>,
-    error: Option<String>,
-    origin: Option<&RequestOrigin>,
-) -> AuditEvent {
-    let mut e = AuditEvent::new(EventKind::AdminLogin, outcome).from_origin(origin);
-    e.admin_user = who.map(|w| format!("admin:{}", bounded(w)));
-    e.resource = Some("admin-ui:sso".into());
-    e.error = error;
-    e
-}
-
-/// A callback refusal's reason in fixed words (a provider's error text is the caller's).
-fn callback_reason(why: &str) -> &'static str {
-    const FIXED: [&str; 5] = [
-        "state mismatch",
-        "unknown or expired state",
-        "authorization response from another issuer",
-        "token exchange failed",
-        "ID token did not verify",
-    ];
-    FIXED
-        .into_iter()
-        .find(|f| *f == why)
-        .unwrap_or("provider error")
-}
-
 fn bounded(s: &str) -> String {
     s.chars().take(MAX_CLAIM_CHARS).collect()
 }
@@ -328,8 +301,8 @@ pub async fn start(
     let sso = sso(&state)?;
     let origin = origin.map(|Extension(o)| o);
     // Each start stores a row: counted like a password attempt from the same address.
-    if let Err(wait) = session::throttle_source(&state.db, client_ip(origin.as_ref())).await? {
-        return Ok(too_many(wait));
+    if let Err(refusal) = signin::admit_provider_sign_in(&state, origin.as_ref()).await {
+        return Ok(too_many(super::auth::sign_in_wait(refusal)?));
     }
     let client = sso.client().await?;
     let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
@@ -364,8 +337,7 @@ pub async fn start(
     Ok(r)
 }
 
-fn too_many(wait: Duration) -> Response {
-    let secs = wait.as_secs().max(1);
+fn too_many(secs: u64) -> Response {
     let mut r = WebError::TooMany(format!(
         "Too many sign-in attempts. Wait {secs} seconds and try again."
     ))
@@ -418,13 +390,8 @@ pub async fn callback(
 ) -> Result<Response, WebError> {
     let sso = sso(&state)?;
     let origin = origin.map(|Extension(o)| o);
-    let refuse = |outcome: Outcome, who: Option<&str>, why: &str, shown: String| {
-        let event = sso_event(outcome, who, Some(why.to_owned()), origin.as_ref());
-        match who {
-            // Anyone can send a callback: identical refusals from one source share a row.
-            None => state.refusals.record(event, "web", callback_reason(why)),
-            Some(_) => state.audit.record_detached(event),
-        }
+    let refuse = |who: Option<&str>, why: &str, shown: String| {
+        signin::provider_sign_in_refused(&state, origin.as_ref(), who, why);
         let mut r = WebError::Forbidden(shown).into_response();
         r.headers_mut()
             .append(header::SET_COOKIE, flow_cookie(&state, "", 0));
@@ -434,27 +401,16 @@ pub async fn callback(
     let presented = q.state.as_deref().unwrap_or("");
     let again = "This sign-in did not start in this browser, or took too long. Start again from the sign-in page.";
     if !session::same_token(presented, from_cookie) {
-        return Ok(refuse(
-            Outcome::Denied,
-            None,
-            "state mismatch",
-            again.into(),
-        ));
+        return Ok(refuse(None, "state mismatch", again.into()));
     }
     let Some(flow) = db::sso_flows::take_flow(&state.db, &sha256_hex(presented)).await? else {
-        return Ok(refuse(
-            Outcome::Denied,
-            None,
-            "unknown or expired state",
-            again.into(),
-        ));
+        return Ok(refuse(None, "unknown or expired state", again.into()));
     };
     if q.iss
         .as_deref()
         .is_some_and(|iss| iss != sso.settings.issuer)
     {
         return Ok(refuse(
-            Outcome::Denied,
             None,
             "authorization response from another issuer",
             "This answer came from another provider than the one configured. Start again.".into(),
@@ -463,7 +419,6 @@ pub async fn callback(
     if let Some(error) = &q.error {
         let error = bounded(error);
         return Ok(refuse(
-            Outcome::Denied,
             None,
             &format!("provider error: {error}"),
             format!(
@@ -480,7 +435,6 @@ pub async fn callback(
         Err(Refusal::Provider(e)) => {
             tracing::warn!(error = %e, "OpenID Provider sign-in failed");
             return Ok(refuse(
-                Outcome::Denied,
                 None,
                 "token exchange failed",
                 format!(
@@ -493,7 +447,6 @@ pub async fn callback(
             tracing::warn!(error = %e, "ID token did not verify");
             sso.forget().await;
             return Ok(refuse(
-                Outcome::Denied,
                 None,
                 "ID token did not verify",
                 "The provider's answer did not verify. Start again.".into(),
@@ -511,7 +464,6 @@ pub async fn callback(
         db::sessions::end_federated_sessions(&mut tx, &person.issuer, &person.subject).await?;
         tx.commit().await?;
         return Ok(refuse(
-            Outcome::Denied,
             Some(&shown_name),
             "no mapped role",
             format!(
@@ -539,20 +491,21 @@ pub async fn callback(
         db::accounts::Federated::Account { id, username } => (id, username),
         db::accounts::Federated::Disabled { username } => {
             return Ok(refuse(
-                Outcome::Denied,
                 Some(&username),
                 "account disabled",
                 "This account is disabled. Ask an administrator.".into(),
             ));
         }
     };
-    let session_cookie = super::auth::open_session(&state, user_id, origin.as_ref()).await?;
-    state.audit.record_detached(sso_event(
-        Outcome::Success,
-        Some(&username),
-        None,
+    let session = signin::with_provider(
+        &state,
         origin.as_ref(),
-    ));
+        user_id,
+        &username,
+        state.accounts.session_max,
+    )
+    .await?;
+    let session_cookie = super::auth::session_cookie(&state, &session);
     let mut r = super::view::render(&Continue {
         next: flow.next_url,
     })?;
