@@ -233,10 +233,11 @@ async fn create_agent(
     State(state): State<AppState>,
     Json(body): Json<NewAgent>,
 ) -> ApiResult<Response> {
+    let name = crate::names::AgentName::parse(&body.name).map_err(ServiceError::from)?;
     service::agents::create(
         &state,
         API_ACTOR,
-        &body.name,
+        &name,
         &body.description,
         body.discovery.as_deref(),
     )
@@ -380,6 +381,7 @@ async fn put_agent_user(
     State(state): State<AppState>,
     Path((name, username)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
+    let username = crate::names::Username::parse(&username).map_err(ServiceError::from)?;
     service::agents::add_user(&state, API_ACTOR, &name, &username).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -547,6 +549,7 @@ async fn set_group_pin(
     Path(name): Path<String>,
     Json(body): Json<PinBody>,
 ) -> ApiResult<Json<Value>> {
+    let name = crate::names::GroupName::parse(&name).map_err(ServiceError::from)?;
     let done = service::pins::set_group_pin(&state, API_ACTOR, &name, body.pin).await?;
     Ok(Json(json!(done)))
 }
@@ -677,6 +680,7 @@ async fn put_upstream(
     Path(name): Path<String>,
     Json(spec): Json<crate::upstream::UpstreamSpec>,
 ) -> ApiResult<StatusCode> {
+    let name = crate::names::GroupName::parse(&name).map_err(ServiceError::from)?;
     service::upstreams::set(&state, API_ACTOR, &name, spec).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -16,6 +16,7 @@ use crate::db;
 use crate::db::agents::AgentSettings;
 use crate::db::groups::GroupMeta;
 use crate::limits::LimitForm;
+use crate::names::{AgentName, GroupName, Username};
 use crate::pool::Catalog;
 
 /// The YAML front matter of an `agent.md`.
@@ -247,11 +248,8 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
             line,
             message,
         };
-        if name.is_empty() || name.len() > 64 || !name.chars().all(crate::pool::is_name_char) {
-            problems.push(problem(
-                1,
-                format!("agent folder name `{name}` must be 1-64 letters, digits, `_`, `.` or `-`"),
-            ));
+        if let Err(e) = AgentName::parse(&name) {
+            problems.push(problem(1, e.to_string()));
             continue;
         }
         let text = match std::fs::read_to_string(&path) {
@@ -322,17 +320,12 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
             .and_then(|n| n.to_str())
             .unwrap_or_default()
             .to_owned();
-        if name.is_empty()
-            || !name.chars().all(crate::pool::is_name_char)
-            || name.contains("__")
-            || name.ends_with('_')
-        {
+        // An upstream's tools are named `<upstream>__<tool>`: its name is their group's.
+        if let Err(e) = GroupName::parse(&name) {
             problems.push(Problem {
                 file,
                 line: 1,
-                message: format!(
-                    "upstream name `{name}` must be letters, digits, `_`, `.` or `-`, without `__`"
-                ),
+                message: format!("upstream name: {e}"),
             });
             continue;
         }
@@ -463,16 +456,8 @@ pub fn validate(policies: &PolicyDir) -> Vec<Problem> {
             }
         }
         for user in &agent.front.users {
-            if user.is_empty()
-                || user.len() > 64
-                || !user
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '@' | '-'))
-            {
-                problems.push(at(
-                    agent.line_of("users"),
-                    format!("user {user:?} must be 1-64 letters, digits, `_`, `.`, `@` or `-`"),
-                ));
+            if let Err(e) = Username::parse(user) {
+                problems.push(at(agent.line_of("users"), e.to_string()));
             }
         }
         for pin in agent.front.pinned.iter().filter(|p| p.contains('\0')) {
@@ -527,7 +512,7 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
                             None => String::new(),
                         };
                         let what = match &t {
-                            GrantTarget::Group(g) if !groups.contains(g) => {
+                            GrantTarget::Group(g) if !groups.iter().any(|n| n == g.as_str()) => {
                                 format!("unknown group `{g}`")
                             }
                             _ => format!("grant `{grant}` matches no tool"),

@@ -175,10 +175,9 @@ pub async fn login_submit(
             .insert(header::RETRY_AFTER, axum::http::HeaderValue::from(secs));
         return Ok(r);
     }
-    let user = if form.username.len() <= 64 {
-        db::accounts::find_user(&state.db, &form.username).await?
-    } else {
-        None
+    let user = match crate::names::Username::parse(&form.username) {
+        Ok(username) => db::accounts::find_user(&state.db, &username).await?,
+        Err(_) => None,
     };
     let stored = user.as_ref().and_then(|u| u.password_hash.clone());
     let password = form.password.clone();
