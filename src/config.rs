@@ -510,10 +510,12 @@ pub enum AuditCommand {
         agent: Option<String>,
         #[arg(long)]
         tool: Option<String>,
+        /// One of the kinds the log records (`tool.result`, `admin.change`, ...).
         #[arg(long)]
-        event_type: Option<String>,
+        event_type: Option<crate::audit::EventKind>,
+        /// One of the outcomes the log records (`success`, `denied`, ...).
         #[arg(long)]
-        outcome: Option<String>,
+        outcome: Option<crate::audit::Outcome>,
         /// Only events of tokens a host obtained for this person (its `act` claim).
         #[arg(long)]
         person: Option<String>,

@@ -133,7 +133,7 @@ pub enum ErrorForViewer {
 }
 
 macro_rules! text_enum {
-    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)* }) => {
+    ($(#[$doc:meta])* $name:ident ($what:literal) { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)* }) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum $name { $($(#[$vdoc])* $variant,)* }
@@ -149,6 +149,15 @@ macro_rules! text_enum {
             pub fn parse(s: &str) -> Option<Self> {
                 Self::ALL.iter().copied().find(|k| k.as_str() == s)
             }
+
+            /// Parses a word a person typed (a filter): an unknown one is an error that lists
+            /// the known ones, so a typo is not an empty result.
+            pub fn parse_named(s: &str) -> Result<Self, String> {
+                Self::parse(s).ok_or_else(|| {
+                    let known: Vec<&str> = Self::ALL.iter().map(|k| k.as_str()).collect();
+                    format!(concat!("unknown ", $what, " `{}`; the known ones are {}"), s, known.join(", "))
+                })
+            }
         }
 
         impl std::fmt::Display for $name {
@@ -156,12 +165,47 @@ macro_rules! text_enum {
                 f.write_str(self.as_str())
             }
         }
+
+        impl std::str::FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                Self::parse_named(s)
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                Self::parse_named(&s).map_err(serde::de::Error::custom)
+            }
+        }
     };
+}
+
+/// For a filter written in a form or a query string: a blank value filters nothing, any
+/// other must name a known word.
+pub fn blank_is_none<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr<Err = String>,
+{
+    match Option::<String>::deserialize(d)? {
+        Some(s) if !s.trim().is_empty() => {
+            s.trim().parse().map(Some).map_err(serde::de::Error::custom)
+        }
+        _ => Ok(None),
+    }
 }
 
 text_enum! {
     /// What an event records.
-    EventKind {
+    EventKind ("event type") {
         /// An MCP `initialize` or `server/discover`.
         Initialize = "initialize",
         ToolsList = "tools/list",
@@ -200,7 +244,7 @@ text_enum! {
 
 text_enum! {
     /// How an event ended.
-    Outcome {
+    Outcome ("outcome") {
         Success = "success",
         /// Not allowed: unknown or not granted (indistinguishable on purpose), a bad
         /// credential, a refused token.
