@@ -243,6 +243,44 @@ text_enum! {
 }
 
 text_enum! {
+    /// The control-plane change an `admin.change` event records (its `details.action`). The
+    /// words are those the log has always stored: the chain and its readers depend on them.
+    AdminAction ("admin action") {
+        AdminSessionEnd = "admin_session.end",
+        AdminUserCreate = "admin_user.create",
+        AdminUserDelete = "admin_user.delete",
+        AdminUserDisable = "admin_user.disable",
+        AdminUserEnable = "admin_user.enable",
+        AdminUserPasswordResetLink = "admin_user.password_reset_link",
+        AdminUserPasswordSet = "admin_user.password_set",
+        AdminUserRole = "admin_user.role",
+        AgentCreate = "agent.create",
+        AgentDelete = "agent.delete",
+        AgentUpdate = "agent.update",
+        AgentUserAdd = "agent.user.add",
+        AgentUserRemove = "agent.user.remove",
+        ArgumentsDelete = "arguments.delete",
+        ArgumentsSet = "arguments.set",
+        AuthorizationCreate = "authorization.create",
+        AuthorizationRevoke = "authorization.revoke",
+        ClientCreate = "client.create",
+        ClientDelete = "client.delete",
+        GrantCreate = "grant.create",
+        GrantDelete = "grant.delete",
+        GroupDelete = "group.delete",
+        GroupPin = "group.pin",
+        GroupSet = "group.set",
+        KeyRotate = "key.rotate",
+        PublicClientDelete = "public_client.delete",
+        PublicClientPut = "public_client.put",
+        RateLimitSet = "rate_limit.set",
+        TokenRevoke = "token.revoke",
+        UpstreamDelete = "upstream.delete",
+        UpstreamSet = "upstream.set",
+    }
+}
+
+text_enum! {
     /// How an event ended.
     Outcome ("outcome") {
         Success = "success",
@@ -406,6 +444,37 @@ pub fn bounded(s: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The words stay those already in the log (the chain hashes them and readers filter on
+    /// them); every one parses back; a word nobody records is an error listing those that are.
+    #[test]
+    fn kinds_outcomes_and_admin_actions_are_the_stored_words() {
+        assert_eq!(AdminAction::ALL.len(), 31);
+        assert_eq!(AdminAction::GrantCreate.as_str(), "grant.create");
+        assert_eq!(AdminAction::AgentUserAdd.as_str(), "agent.user.add");
+        assert_eq!(AdminAction::AdminUserDisable.as_str(), "admin_user.disable");
+        for a in AdminAction::ALL {
+            assert_eq!(AdminAction::parse(a.as_str()), Some(*a));
+        }
+        for k in EventKind::ALL {
+            assert_eq!(k.as_str().parse::<EventKind>(), Ok(*k));
+            assert_eq!(serde_json::to_value(k).unwrap(), json!(k.as_str()));
+        }
+        for o in Outcome::ALL {
+            assert_eq!(
+                serde_json::from_value::<Outcome>(json!(o.as_str())).unwrap(),
+                *o
+            );
+        }
+        let e = "tool.reslt".parse::<EventKind>().unwrap_err();
+        assert!(e.starts_with("unknown event type `tool.reslt`"), "{e}");
+        assert!(
+            e.contains("tool.result") && e.contains("admin.change"),
+            "{e}"
+        );
+        let e = serde_json::from_value::<Outcome>(json!("sucess")).unwrap_err();
+        assert!(e.to_string().contains("success"), "{e}");
+    }
 
     #[test]
     fn secrets_are_redacted_at_any_depth_and_by_group_rules() {

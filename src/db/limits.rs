@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::agents::agent_id;
 use super::record_change;
+use crate::audit::AdminAction;
 use crate::limits::{Limit, Period};
 use crate::policy::snapshot::RateLimitRecord;
 
@@ -41,7 +42,7 @@ pub async fn set_limits(
     record_change(
         conn,
         actor,
-        "rate_limit.set",
+        AdminAction::RateLimitSet,
         &format!("agent:{agent}"),
         Some(json!(before)),
         Some(json!(limits)),
