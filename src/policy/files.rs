@@ -100,16 +100,17 @@ impl AgentFile {
     /// The limits, checked; one that [`validate`] reports is left out.
     pub fn limits(&self) -> Vec<RateLimitRecord> {
         let agent_wide = self.front.rate_limit.iter().map(|l| (None, l));
-        let per_tool = self
-            .front
-            .tool_limits
-            .iter()
-            .map(|(p, l)| (Some(p.clone()), l));
+        let per_tool = self.front.tool_limits.iter().map(|(p, l)| (Some(p), l));
         agent_wide
             .chain(per_tool)
             .filter_map(|(pattern, form)| {
                 Some(RateLimitRecord {
-                    pattern,
+                    pattern: match pattern {
+                        // Exactly as written: `validate` reports one with spaces around it.
+                        Some(p) if p.trim() != p => return None,
+                        Some(p) => Some(GrantTarget::parse(p).ok()?),
+                        None => None,
+                    },
                     limit: form.parse().ok()?,
                 })
             })
@@ -701,7 +702,10 @@ impl fmt::Display for Change {
             Change::SetLimits { agent, after, .. } => {
                 let parts: Vec<String> = after
                     .iter()
-                    .map(|l| format!("{}: {}", l.pattern.as_deref().unwrap_or("*"), l.limit))
+                    .map(|l| match &l.pattern {
+                        Some(p) => format!("{p}: {}", l.limit),
+                        None => format!("*: {}", l.limit),
+                    })
                     .collect();
                 write!(f, "~ rate limits {agent}: [{}]", parts.join(", "))
             }
@@ -1060,7 +1064,7 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
             match &l.pattern {
                 None => rate_limit = Some(limit),
                 Some(p) => {
-                    tool_limits.insert(p.clone(), limit);
+                    tool_limits.insert(p.to_string(), limit);
                 }
             }
         }

@@ -6,7 +6,6 @@ use super::{Result, ServiceError, refresh};
 use crate::db;
 use crate::db::agents::AgentSettings;
 use crate::names::{AgentName, Username};
-use crate::policy::GrantTarget;
 use crate::policy::arguments::{ArgumentRules, RuleProblem};
 use crate::policy::snapshot::{Discovery, GrantMatch, Parts, PolicySnapshot, RateLimitRecord};
 use crate::state::AppState;
@@ -98,17 +97,15 @@ pub async fn set_limits(
     agent: &str,
     limits: Vec<RateLimitRecord>,
 ) -> Result<()> {
-    // Each limit's rate and burst were checked when it was read (`Limit` admits no other).
+    // Each limit's pattern, rate and burst were checked when it was read (`Limit` admits no
+    // other).
     let mut seen = std::collections::HashSet::new();
     for l in &limits {
-        if let Some(p) = &l.pattern {
-            GrantTarget::parse(p).map_err(ServiceError::Invalid)?;
-        }
-        if !seen.insert(l.pattern.as_deref()) {
+        if !seen.insert(l.pattern.as_ref()) {
             return Err(ServiceError::Invalid(format!(
                 "two limits for {}",
                 l.pattern
-                    .as_deref()
+                    .as_ref()
                     .map_or("the whole agent".to_owned(), |p| format!("`{p}`"))
             )));
         }

@@ -289,7 +289,11 @@ pub async fn show(
             .limits
             .iter()
             .map(|l| LimitRow {
-                scope: l.pattern.clone().unwrap_or_default(),
+                scope: l
+                    .pattern
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
                 rate: super::limits::rate_text(&l.limit),
                 burst: super::limits::burst_text(&l.limit),
             })
