@@ -370,16 +370,22 @@ impl PolicySnapshot {
                 {
                     return (a.name.clone(), view.clone());
                 }
-                let grants: Vec<GrantTarget> = a
+                // Each stored grant parsed once, here: the live grants the calls are decided
+                // by are these. One that does not parse (written before its rule) grants
+                // nothing, and is still listed, so that an admin sees it and removes it.
+                let parsed: Vec<Option<GrantTarget>> = a
                     .grants
                     .iter()
-                    .filter_map(|g| GrantTarget::parse(&g.target).ok())
+                    .map(|g| GrantTarget::parse(&g.target).ok())
                     .collect();
+                let grants: Vec<GrantTarget> = parsed.iter().flatten().cloned().collect();
                 let grant_matches = a
                     .grants
                     .iter()
-                    .map(|g| {
-                        let matched = GrantTarget::parse(&g.target)
+                    .zip(&parsed)
+                    .map(|(g, t)| {
+                        let matched = t
+                            .as_ref()
                             .map(|t| {
                                 let matched = t.matched(&catalog);
                                 matched
