@@ -203,3 +203,37 @@ async fn audit_export_refuses_an_unknown_event_type_or_outcome(pool: PgPool) {
         String::from_utf8_lossy(&good.stderr)
     );
 }
+
+/// Names typed on the command line are held to their rule as they are read, before any
+/// database is reached.
+#[test]
+fn a_name_that_breaks_its_rule_is_refused_by_the_command_line() {
+    for (args, message) in [
+        (
+            vec![
+                "admin",
+                "create-user",
+                "--username",
+                "a b",
+                "--role",
+                "admin",
+            ],
+            "username `a b` must be 1-64",
+        ),
+        (
+            vec!["client", "create", "--agent", "../x"],
+            "agent name `../x` must be 1-64",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(&args)
+            .args(["--database-url", "postgres://nobody@127.0.0.1:1/none"])
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+}
