@@ -284,7 +284,8 @@ async fn add_grant(
     Path(name): Path<String>,
     Json(body): Json<NewGrant>,
 ) -> ApiResult<Response> {
-    let added = service::grants::add(&state, API_ACTOR, &name, &body.target).await?;
+    let target = crate::policy::GrantTarget::parse(&body.target).map_err(ServiceError::Invalid)?;
+    let added = service::grants::add(&state, API_ACTOR, &name, &target).await?;
     Ok((StatusCode::CREATED, Json(added)).into_response())
 }
 
