@@ -323,6 +323,24 @@ async fn an_unknown_event_type_or_outcome_filter_is_refused(pool: PgPool) {
         .admin("GET", "/api/v1/audit?event_type=&outcome=", None)
         .await;
     assert_eq!(blank.status, StatusCode::OK, "{}", blank.text);
+    // The UI: its export refuses, its page says so above the rows.
+    let mut auditor = crate::web::Browser::signed_in(&app, "aud", "auditor").await;
+    let ui_export = auditor
+        .get("/admin/audit/export?format=csv&event_type=tool.reslt")
+        .await;
+    assert_eq!(
+        ui_export.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        ui_export.text
+    );
+    assert!(ui_export.text.contains("tool.reslt"), "{}", ui_export.text);
+    let ui_page = auditor.get("/admin/audit?outcome=sucess").await;
+    assert!(
+        ui_page.text.contains("unknown outcome") && ui_page.text.contains("sucess"),
+        "{}",
+        ui_page.text
+    );
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
