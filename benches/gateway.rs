@@ -683,7 +683,8 @@ async fn proxied_vs_direct(
     let url = format!("http://127.0.0.1:{port}/mcp");
     let spec: toolgate::upstream::UpstreamSpec =
         serde_json::from_value(json!({"transport": "http", "url": url})).unwrap();
-    toolgate::service::upstreams::set(state, "bench", "everything", spec)
+    let name = toolgate::names::GroupName::parse("everything").unwrap();
+    toolgate::service::upstreams::set(state, "bench", &name, spec)
         .await
         .unwrap();
     let tok = token(http, base, "proxied", "everything").await;

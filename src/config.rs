@@ -381,7 +381,7 @@ pub enum ClientCommand {
         #[command(flatten)]
         db: DbArgs,
         #[arg(long)]
-        agent: String,
+        agent: crate::names::AgentName,
         #[arg(long, default_value = "")]
         description: String,
         /// A JWK set file of the client's public keys, for private_key_jwt.
@@ -466,7 +466,7 @@ pub enum AdminCommand {
         #[command(flatten)]
         db: DbArgs,
         #[arg(long)]
-        username: String,
+        username: crate::names::Username,
         /// admin edits everything; auditor reads everything and exports the audit log;
         /// viewer reads everything but tool arguments.
         #[arg(long, value_parser = ["admin", "auditor", "viewer", "member"])]
@@ -510,10 +510,12 @@ pub enum AuditCommand {
         agent: Option<String>,
         #[arg(long)]
         tool: Option<String>,
+        /// One of the kinds the log records (`tool.result`, `admin.change`, ...).
         #[arg(long)]
-        event_type: Option<String>,
+        event_type: Option<crate::audit::EventKind>,
+        /// One of the outcomes the log records (`success`, `denied`, ...).
         #[arg(long)]
-        outcome: Option<String>,
+        outcome: Option<crate::audit::Outcome>,
         /// Only events of tokens a host obtained for this person (its `act` claim).
         #[arg(long)]
         person: Option<String>,

@@ -1,7 +1,7 @@
 //! toolgate: a policy-and-audit gateway that serves a pool of tools (script folders) to AI
 //! agents over MCP and REST, each agent only its granted share.
 //!
-//! Core (no HTTP): [`pool`], [`policy`], [`search`], [`auth`], [`gate`], [`service`], [`db`].
+//! Core (no HTTP): [`names`], [`pool`], [`policy`], [`search`], [`auth`], [`gate`], [`service`], [`db`].
 //! Surfaces: [`mcp`], [`rest`], [`api`], [`oauth`], [`web`], over [`app`] and [`http`].
 
 pub mod api;
@@ -18,6 +18,7 @@ pub mod limits;
 pub mod listen;
 pub mod mcp;
 pub mod metrics;
+pub mod names;
 pub mod oauth;
 pub mod policy;
 pub mod pool;

@@ -50,10 +50,11 @@ async fn create_agent(
     State(state): State<AppState>,
     Json(body): Json<NewAgent>,
 ) -> ApiResult<Response> {
+    let name = crate::names::AgentName::parse(&body.name).map_err(ServiceError::from)?;
     service::agents::create(
         &state,
         API_ACTOR,
-        &body.name,
+        &name,
         &body.description,
         body.discovery.as_deref(),
     )
@@ -100,7 +101,8 @@ async fn add_grant(
     Path(name): Path<String>,
     Json(body): Json<NewGrant>,
 ) -> ApiResult<Response> {
-    let added = service::grants::add(&state, API_ACTOR, &name, &body.target).await?;
+    let target = crate::policy::GrantTarget::parse(&body.target).map_err(ServiceError::Invalid)?;
+    let added = service::grants::add(&state, API_ACTOR, &name, &target).await?;
     Ok((StatusCode::CREATED, Json(added)).into_response())
 }
 
@@ -150,6 +152,7 @@ async fn put_agent_user(
     State(state): State<AppState>,
     Path((name, username)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
+    let username = crate::names::Username::parse(&username).map_err(ServiceError::from)?;
     service::agents::add_user(&state, API_ACTOR, &name, &username).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -119,6 +119,7 @@ async fn set_group_pin(
     Path(name): Path<String>,
     Json(body): Json<PinBody>,
 ) -> ApiResult<Json<Value>> {
+    let name = crate::names::GroupName::parse(&name).map_err(ServiceError::from)?;
     let done = service::pins::set_group_pin(&state, API_ACTOR, &name, body.pin).await?;
     Ok(Json(json!(done)))
 }
@@ -142,6 +143,7 @@ async fn put_upstream(
     Path(name): Path<String>,
     Json(spec): Json<crate::upstream::UpstreamSpec>,
 ) -> ApiResult<StatusCode> {
+    let name = crate::names::GroupName::parse(&name).map_err(ServiceError::from)?;
     service::upstreams::set(&state, API_ACTOR, &name, spec).await?;
     Ok(StatusCode::NO_CONTENT)
 }

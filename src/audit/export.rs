@@ -505,12 +505,12 @@ fn describe(f: &AuditFilter) -> String {
         parts.push(format!("until {}", v.to_rfc3339()));
     }
     for (name, v) in [
-        ("agent", &f.agent),
-        ("tool", &f.tool),
-        ("event_type", &f.event_type),
-        ("outcome", &f.outcome),
+        ("agent", f.agent.as_deref()),
+        ("tool", f.tool.as_deref()),
+        ("event_type", f.event_type.map(super::EventKind::as_str)),
+        ("outcome", f.outcome.map(super::Outcome::as_str)),
     ] {
-        if let Some(v) = v.as_ref().filter(|v| !v.is_empty()) {
+        if let Some(v) = v.filter(|v| !v.is_empty()) {
             parts.push(format!("{name}={v}"));
         }
     }

@@ -133,7 +133,7 @@ pub enum ErrorForViewer {
 }
 
 macro_rules! text_enum {
-    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)* }) => {
+    ($(#[$doc:meta])* $name:ident ($what:literal) { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)* }) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum $name { $($(#[$vdoc])* $variant,)* }
@@ -149,6 +149,15 @@ macro_rules! text_enum {
             pub fn parse(s: &str) -> Option<Self> {
                 Self::ALL.iter().copied().find(|k| k.as_str() == s)
             }
+
+            /// Parses a word a person typed (a filter): an unknown one is an error that lists
+            /// the known ones, so a typo is not an empty result.
+            pub fn parse_named(s: &str) -> Result<Self, String> {
+                Self::parse(s).ok_or_else(|| {
+                    let known: Vec<&str> = Self::ALL.iter().map(|k| k.as_str()).collect();
+                    format!(concat!("unknown ", $what, " `{}`; the known ones are {}"), s, known.join(", "))
+                })
+            }
         }
 
         impl std::fmt::Display for $name {
@@ -156,12 +165,47 @@ macro_rules! text_enum {
                 f.write_str(self.as_str())
             }
         }
+
+        impl std::str::FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                Self::parse_named(s)
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                Self::parse_named(&s).map_err(serde::de::Error::custom)
+            }
+        }
     };
+}
+
+/// For a filter written in a form or a query string: a blank value filters nothing, any
+/// other must name a known word.
+pub fn blank_is_none<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr<Err = String>,
+{
+    match Option::<String>::deserialize(d)? {
+        Some(s) if !s.trim().is_empty() => {
+            s.trim().parse().map(Some).map_err(serde::de::Error::custom)
+        }
+        _ => Ok(None),
+    }
 }
 
 text_enum! {
     /// What an event records.
-    EventKind {
+    EventKind ("event type") {
         /// An MCP `initialize` or `server/discover`.
         Initialize = "initialize",
         ToolsList = "tools/list",
@@ -199,8 +243,46 @@ text_enum! {
 }
 
 text_enum! {
+    /// The control-plane change an `admin.change` event records (its `details.action`). The
+    /// words are those the log has always stored: the chain and its readers depend on them.
+    AdminAction ("admin action") {
+        AdminSessionEnd = "admin_session.end",
+        AdminUserCreate = "admin_user.create",
+        AdminUserDelete = "admin_user.delete",
+        AdminUserDisable = "admin_user.disable",
+        AdminUserEnable = "admin_user.enable",
+        AdminUserPasswordResetLink = "admin_user.password_reset_link",
+        AdminUserPasswordSet = "admin_user.password_set",
+        AdminUserRole = "admin_user.role",
+        AgentCreate = "agent.create",
+        AgentDelete = "agent.delete",
+        AgentUpdate = "agent.update",
+        AgentUserAdd = "agent.user.add",
+        AgentUserRemove = "agent.user.remove",
+        ArgumentsDelete = "arguments.delete",
+        ArgumentsSet = "arguments.set",
+        AuthorizationCreate = "authorization.create",
+        AuthorizationRevoke = "authorization.revoke",
+        ClientCreate = "client.create",
+        ClientDelete = "client.delete",
+        GrantCreate = "grant.create",
+        GrantDelete = "grant.delete",
+        GroupDelete = "group.delete",
+        GroupPin = "group.pin",
+        GroupSet = "group.set",
+        KeyRotate = "key.rotate",
+        PublicClientDelete = "public_client.delete",
+        PublicClientPut = "public_client.put",
+        RateLimitSet = "rate_limit.set",
+        TokenRevoke = "token.revoke",
+        UpstreamDelete = "upstream.delete",
+        UpstreamSet = "upstream.set",
+    }
+}
+
+text_enum! {
     /// How an event ended.
-    Outcome {
+    Outcome ("outcome") {
         Success = "success",
         /// Not allowed: unknown or not granted (indistinguishable on purpose), a bad
         /// credential, a refused token.
@@ -362,6 +444,37 @@ pub fn bounded(s: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The words stay those already in the log (the chain hashes them and readers filter on
+    /// them); every one parses back; a word nobody records is an error listing those that are.
+    #[test]
+    fn kinds_outcomes_and_admin_actions_are_the_stored_words() {
+        assert_eq!(AdminAction::ALL.len(), 31);
+        assert_eq!(AdminAction::GrantCreate.as_str(), "grant.create");
+        assert_eq!(AdminAction::AgentUserAdd.as_str(), "agent.user.add");
+        assert_eq!(AdminAction::AdminUserDisable.as_str(), "admin_user.disable");
+        for a in AdminAction::ALL {
+            assert_eq!(AdminAction::parse(a.as_str()), Some(*a));
+        }
+        for k in EventKind::ALL {
+            assert_eq!(k.as_str().parse::<EventKind>(), Ok(*k));
+            assert_eq!(serde_json::to_value(k).unwrap(), json!(k.as_str()));
+        }
+        for o in Outcome::ALL {
+            assert_eq!(
+                serde_json::from_value::<Outcome>(json!(o.as_str())).unwrap(),
+                *o
+            );
+        }
+        let e = "tool.reslt".parse::<EventKind>().unwrap_err();
+        assert!(e.starts_with("unknown event type `tool.reslt`"), "{e}");
+        assert!(
+            e.contains("tool.result") && e.contains("admin.change"),
+            "{e}"
+        );
+        let e = serde_json::from_value::<Outcome>(json!("sucess")).unwrap_err();
+        assert!(e.to_string().contains("success"), "{e}");
+    }
 
     #[test]
     fn secrets_are_redacted_at_any_depth_and_by_group_rules() {

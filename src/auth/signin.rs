@@ -14,8 +14,6 @@ use crate::state::AppState;
 
 /// The surface these records name, as summarised refusals group them.
 const SURFACE: &str = "web";
-/// Longest username a password sign-in looks up, and an audit row keeps.
-const MAX_USERNAME: usize = 64;
 /// Longest claim an SSO record keeps.
 const MAX_CLAIM_CHARS: usize = 256;
 
@@ -53,7 +51,10 @@ fn password_event(outcome: Outcome, username: &str, origin: Option<&RequestOrigi
     let mut e = AuditEvent::new(EventKind::AdminLogin, outcome).from_origin(origin);
     e.admin_user = Some(format!(
         "admin:{}",
-        username.chars().take(MAX_USERNAME).collect::<String>()
+        username
+            .chars()
+            .take(crate::names::MAX_NAME)
+            .collect::<String>()
     ));
     e.resource = Some("admin-ui".into());
     e
@@ -83,10 +84,10 @@ pub async fn with_password(
     if let Err(refusal) = state.limits.take(action).await {
         return Ok(PasswordSignIn::Limited(refusal));
     }
-    let user = if username.len() <= MAX_USERNAME {
-        db::accounts::find_user(&state.db, username).await?
-    } else {
-        None
+    // A name that breaks the username rule names no account: not looked up.
+    let user = match crate::names::Username::parse(username) {
+        Ok(username) => db::accounts::find_user(&state.db, &username).await?,
+        Err(_) => None,
     };
     let stored = user.as_ref().and_then(|u| u.password_hash.clone());
     // argon2 is deliberately slow: keep it off the async workers. An unknown user is checked

@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use super::record_change;
 use super::sessions::delete_sessions_of;
+use crate::audit::AdminAction;
 
 /// An account as the account pages and the API show it (never its password hash).
 #[derive(Debug, Clone)]
@@ -102,9 +103,9 @@ pub async fn set_disabled(
         conn,
         actor,
         if disabled {
-            "admin_user.disable"
+            AdminAction::AdminUserDisable
         } else {
-            "admin_user.enable"
+            AdminAction::AdminUserEnable
         },
         &format!("admin_user:{username}"),
         None,
@@ -134,7 +135,7 @@ pub async fn set_role(
         record_change(
             conn,
             actor,
-            "admin_user.role",
+            AdminAction::AdminUserRole,
             &format!("admin_user:{username}"),
             Some(json!({"role": before})),
             Some(json!({"role": role})),
@@ -158,7 +159,7 @@ pub async fn delete(conn: &mut PgConnection, actor: &str, username: &str) -> sql
     record_change(
         conn,
         actor,
-        "admin_user.delete",
+        AdminAction::AdminUserDelete,
         &format!("admin_user:{username}"),
         Some(json!({"username": username, "role": role})),
         None,
@@ -202,7 +203,7 @@ pub async fn create_user(
     record_change(
         conn,
         actor,
-        "admin_user.create",
+        AdminAction::AdminUserCreate,
         &format!("admin_user:{username}"),
         None,
         Some(json!({"username": username, "role": role})),
@@ -266,7 +267,7 @@ pub async fn sign_in_federated(
             record_change(
                 conn,
                 &actor,
-                "admin_user.role",
+                AdminAction::AdminUserRole,
                 &format!("admin_user:{username}"),
                 Some(json!({"role": old_role})),
                 Some(json!({"role": role, "reason": "mapped from the provider's claims"})),
@@ -294,7 +295,7 @@ pub async fn sign_in_federated(
             record_change(
                 conn,
                 &actor,
-                "admin_user.create",
+                AdminAction::AdminUserCreate,
                 &format!("admin_user:{username}"),
                 None,
                 Some(json!({"username": username, "role": role, "issuer": issuer, "subject": subject})),

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::authorizations::revoke;
 use super::record_change;
+use crate::audit::AdminAction;
 
 /// Usernames allowed to act as each agent, by agent id.
 pub async fn agent_users(conn: &mut PgConnection) -> sqlx::Result<HashMap<Uuid, Vec<String>>> {
@@ -42,7 +43,7 @@ pub async fn add_agent_user(
         record_change(
             conn,
             actor,
-            "agent.user.add",
+            AdminAction::AgentUserAdd,
             &format!("agent:{agent}/user:{username}"),
             None,
             Some(json!({"agent": agent, "username": username})),
@@ -76,7 +77,7 @@ pub async fn remove_agent_user(
     record_change(
         conn,
         actor,
-        "agent.user.remove",
+        AdminAction::AgentUserRemove,
         &format!("agent:{agent}/user:{username}"),
         Some(json!({"agent": agent, "username": username})),
         None,

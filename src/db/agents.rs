@@ -5,6 +5,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::record_change;
+use crate::audit::AdminAction;
 use crate::policy::snapshot::{AgentRecord, Discovery};
 
 /// The fields of an agent that policies and the API set.
@@ -43,7 +44,7 @@ pub async fn create_agent(
     record_change(
         conn,
         actor,
-        "agent.create",
+        AdminAction::AgentCreate,
         &format!("agent:{name}"),
         None,
         Some(settings_json(s)),
@@ -72,7 +73,7 @@ pub async fn update_agent(
     record_change(
         conn,
         actor,
-        "agent.update",
+        AdminAction::AgentUpdate,
         &format!("agent:{name}"),
         Some(settings_json(before)),
         Some(settings_json(s)),
@@ -89,7 +90,7 @@ pub async fn delete_agent(conn: &mut PgConnection, actor: &str, name: &str) -> s
         record_change(
             conn,
             actor,
-            "agent.delete",
+            AdminAction::AgentDelete,
             &format!("agent:{name}"),
             Some(json!({"name": name})),
             None,
@@ -199,7 +200,7 @@ pub async fn create_many(
         .filter_map(|(item, id)| match item {
             Creation::Agent { name, settings } => Some(super::change_event(
                 actor,
-                "agent.create",
+                AdminAction::AgentCreate,
                 &format!("agent:{name}"),
                 None,
                 Some(settings_json(settings)),
@@ -207,7 +208,7 @@ pub async fn create_many(
             Creation::Grant { agent, target } => inserted.contains(id).then(|| {
                 super::change_event(
                     actor,
-                    "grant.create",
+                    AdminAction::GrantCreate,
                     &format!("agent:{agent}/grant:{target}"),
                     None,
                     Some(json!({"agent": agent, "target": target})),

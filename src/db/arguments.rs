@@ -7,6 +7,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::record_change;
+use crate::audit::AdminAction;
 use crate::policy::arguments::ArgumentRules;
 
 /// Sets (creates or replaces) an agent's argument rules for one tool or group. Returns
@@ -44,7 +45,7 @@ pub async fn set_argument_rules(
     record_change(
         conn,
         actor,
-        "arguments.set",
+        AdminAction::ArgumentsSet,
         &format!("agent:{agent}/arguments:{}", rules.target),
         before,
         Some(params),
@@ -74,7 +75,7 @@ pub async fn delete_argument_rules(
     record_change(
         conn,
         actor,
-        "arguments.delete",
+        AdminAction::ArgumentsDelete,
         &format!("agent:{agent}/arguments:{target}"),
         Some(before),
         None,

@@ -4,9 +4,9 @@ use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use futures::{Stream, StreamExt};
 use sqlx::{PgConnection, PgExecutor, PgPool, Postgres, QueryBuilder};
 
-use crate::audit::AuditEvent;
 use crate::audit::chain::{self, ChainHead, ChainedEvent, Expectations, Retired};
 use crate::audit::checkpoint::SignedCheckpoint;
+use crate::audit::{AuditEvent, EventKind, Outcome};
 
 /// The columns of [`AuditRow`], for the queries built at run time (filters, batches). The one
 /// query that reads a row by id (see [`get`]) names them in its text, checked at compile time.
@@ -268,8 +268,12 @@ pub struct AuditFilter {
     pub until: Option<DateTime<Utc>>,
     pub agent: Option<String>,
     pub tool: Option<String>,
-    pub event_type: Option<String>,
-    pub outcome: Option<String>,
+    /// Parsed where the filter is written: an unknown kind is refused there, not matched
+    /// against nothing.
+    #[serde(default, deserialize_with = "crate::audit::blank_is_none")]
+    pub event_type: Option<EventKind>,
+    #[serde(default, deserialize_with = "crate::audit::blank_is_none")]
+    pub outcome: Option<Outcome>,
     /// The person a host acted for (`act`): "what did alice do, through any host, as any agent".
     #[serde(default)]
     pub person: Option<String>,
@@ -280,15 +284,11 @@ impl AuditFilter {
     pub fn is_filtered(&self) -> bool {
         self.since.is_some()
             || self.until.is_some()
-            || [
-                &self.agent,
-                &self.tool,
-                &self.event_type,
-                &self.outcome,
-                &self.person,
-            ]
-            .iter()
-            .any(|v| v.as_ref().is_some_and(|v| !v.is_empty()))
+            || self.event_type.is_some()
+            || self.outcome.is_some()
+            || [&self.agent, &self.tool, &self.person]
+                .iter()
+                .any(|v| v.as_ref().is_some_and(|v| !v.is_empty()))
     }
 
     /// Adds the filters that are set to a query built at run time. The reads below stay
@@ -304,14 +304,14 @@ impl AuditFilter {
             qb.push(" AND at < ").push_bind(v);
         }
         for (col, v) in [
-            ("agent", &self.agent),
-            ("tool", &self.tool),
-            ("event_type", &self.event_type),
-            ("outcome", &self.outcome),
-            ("person", &self.person),
+            ("agent", self.agent.as_deref()),
+            ("tool", self.tool.as_deref()),
+            ("event_type", self.event_type.map(EventKind::as_str)),
+            ("outcome", self.outcome.map(Outcome::as_str)),
+            ("person", self.person.as_deref()),
         ] {
-            if let Some(v) = v.as_ref().filter(|v| !v.is_empty()) {
-                qb.push(format!(" AND {col} = ")).push_bind(v.clone());
+            if let Some(v) = v.filter(|v| !v.is_empty()) {
+                qb.push(format!(" AND {col} = ")).push_bind(v.to_owned());
             }
         }
     }

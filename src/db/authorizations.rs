@@ -11,6 +11,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::record_change;
+use crate::audit::AdminAction;
 use crate::policy::snapshot::LiveAuthorization;
 
 /// Authorizations that are neither revoked nor past their last refresh token.
@@ -115,7 +116,7 @@ pub async fn create(
     record_change(
         conn,
         actor,
-        "authorization.create",
+        AdminAction::AuthorizationCreate,
         &format!("authorization:{}", n.id),
         None,
         Some(
@@ -272,7 +273,7 @@ pub async fn revoke(
     record_change(
         conn,
         actor,
-        "authorization.revoke",
+        AdminAction::AuthorizationRevoke,
         &format!("authorization:{id}"),
         None,
         Some(json!({"reason": reason})),

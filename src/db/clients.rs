@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
 
 use super::record_change;
+use crate::audit::AdminAction;
 use crate::policy::snapshot::ClientRecord;
 
 /// An OAuth client as the token endpoint needs it.
@@ -94,7 +95,7 @@ pub async fn create_client(
     record_change(
         conn,
         actor,
-        "client.create",
+        AdminAction::ClientCreate,
         &format!("agent:{agent}/client:{client_id}"),
         None,
         Some(json!({"client_id": client_id, "agent": agent, "private_key_jwt": jwks.is_some()})),
@@ -115,7 +116,7 @@ pub async fn delete_client(
         record_change(
             conn,
             actor,
-            "client.delete",
+            AdminAction::ClientDelete,
             &format!("client:{client_id}"),
             Some(json!({"client_id": client_id})),
             None,

@@ -7,6 +7,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::record_change;
+use crate::audit::AdminAction;
 use crate::policy::snapshot::GrantRecord;
 
 /// Adds a grant; `None` if the agent already has it.
@@ -34,7 +35,7 @@ pub async fn add_grant(
     record_change(
         conn,
         actor,
-        "grant.create",
+        AdminAction::GrantCreate,
         &format!("agent:{agent}/grant:{target}"),
         None,
         Some(json!({"agent": agent, "target": target})),
@@ -61,7 +62,7 @@ pub async fn remove_grant(
         record_change(
             conn,
             actor,
-            "grant.delete",
+            AdminAction::GrantDelete,
             &format!("agent:{agent}/grant:{target}"),
             Some(json!({"agent": agent, "target": target})),
             None,

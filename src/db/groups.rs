@@ -4,6 +4,7 @@ use serde_json::json;
 use sqlx::PgConnection;
 
 use super::record_change;
+use crate::audit::AdminAction;
 
 /// Group metadata from `policies/groups.yaml`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -54,7 +55,7 @@ pub async fn upsert_group(
     record_change(
         conn,
         actor,
-        "group.set",
+        AdminAction::GroupSet,
         &format!("group:{}", g.name),
         before.map(|b| json!(b)),
         Some(json!(g)),
@@ -70,7 +71,7 @@ pub async fn delete_group(conn: &mut PgConnection, actor: &str, name: &str) -> s
         record_change(
             conn,
             actor,
-            "group.delete",
+            AdminAction::GroupDelete,
             &format!("group:{name}"),
             Some(json!({"name": name})),
             None,
@@ -103,7 +104,7 @@ pub async fn set_pin(
     record_change(
         conn,
         actor,
-        "group.pin",
+        AdminAction::GroupPin,
         &format!("group:{group}"),
         before.map(|p| json!({"pin": p})),
         Some(json!({"pin": pin})),

@@ -4,6 +4,7 @@ use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 
 use super::record_change;
+use crate::audit::AdminAction;
 use crate::policy::snapshot::VerifyKey;
 
 /// The key that signs new tokens.
@@ -46,7 +47,7 @@ pub async fn insert_signing_key(
     record_change(
         conn,
         actor,
-        "key.rotate",
+        AdminAction::KeyRotate,
         &format!("key:{kid}"),
         None,
         Some(json!({"kid": kid})),

@@ -8,7 +8,9 @@ use uuid::Uuid;
 
 use super::agents::agent_id;
 use super::record_change;
+use crate::audit::AdminAction;
 use crate::limits::{Limit, Period};
+use crate::policy::GrantTarget;
 use crate::policy::snapshot::RateLimitRecord;
 
 /// Replaces an agent's rate limits.
@@ -30,7 +32,7 @@ pub async fn set_limits(
             "INSERT INTO rate_limits (id, agent_id, pattern, rate, period, burst) VALUES ($1, $2, $3, $4, $5, $6)",
             Uuid::now_v7(),
             agent_id,
-            l.pattern.as_deref(),
+            l.pattern.as_ref().map(ToString::to_string),
             l.limit.count(),
             l.limit.period().as_str(),
             l.limit.burst_written().map(|b| b as i32),
@@ -41,7 +43,7 @@ pub async fn set_limits(
     record_change(
         conn,
         actor,
-        "rate_limit.set",
+        AdminAction::RateLimitSet,
         &format!("agent:{agent}"),
         Some(json!(before)),
         Some(json!(limits)),
@@ -68,10 +70,19 @@ pub(super) async fn by_agent(
             // The table's checks admit only what `Limit::new` does; a row that slips past
             // them is a corrupt database, reported as such rather than served loosely.
             .map_err(|e| sqlx::Error::Decode(format!("rate_limits row: {e}").into()))?;
-        limits.entry(r.agent_id).or_default().push(RateLimitRecord {
-            pattern: r.pattern,
-            limit,
-        });
+        // Every way in parses the pattern before it is stored; one that does not parse (an
+        // edit by hand) never matched a call, and is left out as it always was in effect.
+        let pattern = match r.pattern.as_deref().map(GrantTarget::parse).transpose() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(agent_id = %r.agent_id, error = %e, "rate limit with an unreadable pattern ignored");
+                continue;
+            }
+        };
+        limits
+            .entry(r.agent_id)
+            .or_default()
+            .push(RateLimitRecord { pattern, limit });
     }
     Ok(limits)
 }

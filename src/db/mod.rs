@@ -190,7 +190,7 @@ pub async fn migrate(pool: &PgPool, url: &str) -> Result<(), ConnectError> {
 pub async fn record_change(
     tx: &mut sqlx::PgConnection,
     actor: &str,
-    action: &str,
+    action: crate::audit::AdminAction,
     resource: &str,
     before: Option<serde_json::Value>,
     after: Option<serde_json::Value>,
@@ -202,7 +202,7 @@ pub async fn record_change(
 /// The `admin.change` event [`record_change`] appends.
 pub fn change_event(
     actor: &str,
-    action: &str,
+    action: crate::audit::AdminAction,
     resource: &str,
     before: Option<serde_json::Value>,
     after: Option<serde_json::Value>,
@@ -214,8 +214,10 @@ pub fn change_event(
     .from_current_origin();
     event.admin_user = Some(actor.to_owned());
     event.resource = Some(resource.to_owned());
-    event.details =
-        Some(serde_json::json!({"action": action, "before": before, "after": after}).to_string());
+    event.details = Some(
+        serde_json::json!({"action": action.as_str(), "before": before, "after": after})
+            .to_string(),
+    );
     event
 }
 

@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use super::record_change;
 use super::sessions::delete_sessions_of;
+use crate::audit::AdminAction;
 
 /// Stores a reset link for a local account (replacing any earlier one); `false` if unknown.
 pub async fn create_reset(
@@ -40,7 +41,7 @@ pub async fn create_reset(
     record_change(
         conn,
         actor,
-        "admin_user.password_reset_link",
+        AdminAction::AdminUserPasswordResetLink,
         &format!("admin_user:{username}"),
         None,
         Some(json!({"expires_at": expires_at})),
@@ -92,7 +93,7 @@ pub async fn use_reset(
     record_change(
         conn,
         &format!("admin:{username}"),
-        "admin_user.password_set",
+        AdminAction::AdminUserPasswordSet,
         &format!("admin_user:{username}"),
         None,
         Some(json!({"sessions_ended": ended})),

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::authorizations::revoke;
 use super::record_change;
+use crate::audit::AdminAction;
 
 /// A public client an admin registered.
 #[derive(Debug, Clone, Serialize)]
@@ -65,7 +66,7 @@ pub async fn put_public_client(
     record_change(
         conn,
         actor,
-        "public_client.put",
+        AdminAction::PublicClientPut,
         &format!("public_client:{client_id}"),
         None,
         Some(json!({"client_id": client_id, "client_name": client_name, "redirect_uris": redirect_uris})),
@@ -90,7 +91,7 @@ pub async fn delete_public_client(
     record_change(
         conn,
         actor,
-        "public_client.delete",
+        AdminAction::PublicClientDelete,
         &format!("public_client:{client_id}"),
         Some(json!({"client_id": client_id})),
         None,

@@ -6,6 +6,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::record_change;
+use crate::audit::AdminAction;
 
 pub async fn revoke(
     conn: &mut PgConnection,
@@ -25,7 +26,7 @@ pub async fn revoke(
     record_change(
         conn,
         actor,
-        "token.revoke",
+        AdminAction::TokenRevoke,
         &format!("token:{jti}"),
         None,
         Some(json!({"jti": jti})),

@@ -7,6 +7,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::record_change;
+use crate::audit::AdminAction;
 
 /// The signed-in user behind a live session.
 #[derive(Debug, Clone)]
@@ -174,7 +175,7 @@ pub async fn end_sessions(
     record_change(
         conn,
         actor,
-        "admin_session.end",
+        AdminAction::AdminSessionEnd,
         &format!("admin_user:{username}"),
         None,
         Some(json!({"session": session, "ended": ended})),
@@ -206,7 +207,7 @@ pub async fn end_federated_sessions(
         record_change(
             conn,
             &format!("sso:{issuer}"),
-            "admin_session.end",
+            AdminAction::AdminSessionEnd,
             &format!("admin_user:{username}"),
             None,
             Some(json!({"ended": ended, "reason": "the provider's claims map to no role"})),

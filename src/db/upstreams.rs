@@ -4,6 +4,7 @@ use serde_json::{Value, json};
 use sqlx::PgConnection;
 
 use super::record_change;
+use crate::audit::AdminAction;
 
 /// Upstream specs by group name.
 pub async fn upstreams(
@@ -37,7 +38,7 @@ pub async fn set_upstream(
     record_change(
         conn,
         actor,
-        "upstream.set",
+        AdminAction::UpstreamSet,
         &format!("upstream:{name}"),
         before.cloned(),
         Some(spec.clone()),
@@ -57,7 +58,7 @@ pub async fn delete_upstream(
         record_change(
             conn,
             actor,
-            "upstream.delete",
+            AdminAction::UpstreamDelete,
             &format!("upstream:{name}"),
             Some(json!({"name": name})),
             None,

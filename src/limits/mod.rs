@@ -56,7 +56,7 @@ fn limit_quota(limit: &Limit) -> Quota {
         .allow_burst(burst)
 }
 
-type Key = (String, Option<String>);
+type Key = (String, Option<GrantTarget>);
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -528,7 +528,7 @@ impl RateLimits {
             .iter()
             .filter(|limit| match (&limit.pattern, tool) {
                 (None, _) => true,
-                (Some(p), Some(t)) => GrantTarget::parse(p).is_ok_and(|g| g.matches(t)),
+                (Some(p), Some(t)) => p.matches(t),
                 (Some(_), None) => false,
             })
             .collect();
@@ -609,7 +609,7 @@ mod tests {
 
     fn record(pattern: Option<&str>, count: f64, period: Period, burst: u32) -> RateLimitRecord {
         RateLimitRecord {
-            pattern: pattern.map(str::to_owned),
+            pattern: pattern.map(|p| GrantTarget::parse(p).unwrap()),
             limit: Limit::new(count, period, Some(burst)).unwrap(),
         }
     }

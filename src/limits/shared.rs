@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use prometheus::IntCounter;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use crate::policy::GrantTarget;
 use crate::policy::snapshot::RateLimitRecord;
 
 /// What a check does when the store cannot answer in time.
@@ -146,8 +147,11 @@ impl SharedStore {
 
     /// The key of one limit. The agent is a hash tag, so all keys of one request fall in one
     /// slot of a Redis Cluster and one script may touch them.
-    fn key(&self, agent: &str, pattern: Option<&str>) -> String {
-        format!("{}{{{agent}}}:{}", self.prefix, pattern.unwrap_or("*"))
+    fn key(&self, agent: &str, pattern: Option<&GrantTarget>) -> String {
+        match pattern {
+            Some(p) => format!("{}{{{agent}}}:{p}", self.prefix),
+            None => format!("{}{{{agent}}}:*", self.prefix),
+        }
     }
 
     /// Charges one failed credential or token check to `source` (a /64 for IPv6) against a
@@ -188,7 +192,7 @@ impl SharedStore {
         for l in applying {
             // The limit's parameters travel with each call, so an edited limit counts at once.
             invocation
-                .key(self.key(agent, l.pattern.as_deref()))
+                .key(self.key(agent, l.pattern.as_ref()))
                 .arg(l.limit.interval_micros())
                 .arg(l.limit.burst());
         }

@@ -16,6 +16,7 @@ use crate::db;
 use crate::db::agents::AgentSettings;
 use crate::db::groups::GroupMeta;
 use crate::limits::LimitForm;
+use crate::names::{AgentName, GroupName, Username};
 use crate::pool::Catalog;
 
 /// The YAML front matter of an `agent.md`.
@@ -99,16 +100,17 @@ impl AgentFile {
     /// The limits, checked; one that [`validate`] reports is left out.
     pub fn limits(&self) -> Vec<RateLimitRecord> {
         let agent_wide = self.front.rate_limit.iter().map(|l| (None, l));
-        let per_tool = self
-            .front
-            .tool_limits
-            .iter()
-            .map(|(p, l)| (Some(p.clone()), l));
+        let per_tool = self.front.tool_limits.iter().map(|(p, l)| (Some(p), l));
         agent_wide
             .chain(per_tool)
             .filter_map(|(pattern, form)| {
                 Some(RateLimitRecord {
-                    pattern,
+                    pattern: match pattern {
+                        // Exactly as written: `validate` reports one with spaces around it.
+                        Some(p) if p.trim() != p => return None,
+                        Some(p) => Some(GrantTarget::parse(p).ok()?),
+                        None => None,
+                    },
                     limit: form.parse().ok()?,
                 })
             })
@@ -247,11 +249,8 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
             line,
             message,
         };
-        if name.is_empty() || name.len() > 64 || !name.chars().all(crate::pool::is_name_char) {
-            problems.push(problem(
-                1,
-                format!("agent folder name `{name}` must be 1-64 letters, digits, `_`, `.` or `-`"),
-            ));
+        if let Err(e) = AgentName::parse(&name) {
+            problems.push(problem(1, e.to_string()));
             continue;
         }
         let text = match std::fs::read_to_string(&path) {
@@ -322,17 +321,12 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
             .and_then(|n| n.to_str())
             .unwrap_or_default()
             .to_owned();
-        if name.is_empty()
-            || !name.chars().all(crate::pool::is_name_char)
-            || name.contains("__")
-            || name.ends_with('_')
-        {
+        // An upstream's tools are named `<upstream>__<tool>`: its name is their group's.
+        if let Err(e) = GroupName::parse(&name) {
             problems.push(Problem {
                 file,
                 line: 1,
-                message: format!(
-                    "upstream name `{name}` must be letters, digits, `_`, `.` or `-`, without `__`"
-                ),
+                message: format!("upstream name: {e}"),
             });
             continue;
         }
@@ -463,16 +457,8 @@ pub fn validate(policies: &PolicyDir) -> Vec<Problem> {
             }
         }
         for user in &agent.front.users {
-            if user.is_empty()
-                || user.len() > 64
-                || !user
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '@' | '-'))
-            {
-                problems.push(at(
-                    agent.line_of("users"),
-                    format!("user {user:?} must be 1-64 letters, digits, `_`, `.`, `@` or `-`"),
-                ));
+            if let Err(e) = Username::parse(user) {
+                problems.push(at(agent.line_of("users"), e.to_string()));
             }
         }
         for pin in agent.front.pinned.iter().filter(|p| p.contains('\0')) {
@@ -527,7 +513,7 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
                             None => String::new(),
                         };
                         let what = match &t {
-                            GrantTarget::Group(g) if !groups.contains(g) => {
+                            GrantTarget::Group(g) if !groups.iter().any(|n| n == g.as_str()) => {
                                 format!("unknown group `{g}`")
                             }
                             _ => format!("grant `{grant}` matches no tool"),
@@ -716,7 +702,10 @@ impl fmt::Display for Change {
             Change::SetLimits { agent, after, .. } => {
                 let parts: Vec<String> = after
                     .iter()
-                    .map(|l| format!("{}: {}", l.pattern.as_deref().unwrap_or("*"), l.limit))
+                    .map(|l| match &l.pattern {
+                        Some(p) => format!("{p}: {}", l.limit),
+                        None => format!("*: {}", l.limit),
+                    })
                     .collect();
                 write!(f, "~ rate limits {agent}: [{}]", parts.join(", "))
             }
@@ -1075,7 +1064,7 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
             match &l.pattern {
                 None => rate_limit = Some(limit),
                 Some(p) => {
-                    tool_limits.insert(p.clone(), limit);
+                    tool_limits.insert(p.to_string(), limit);
                 }
             }
         }

@@ -10,13 +10,14 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::pool::{Catalog, SEPARATOR, Tool, ToolName, is_name_char};
+use crate::names::GroupName;
+use crate::pool::{Catalog, SEPARATOR, Tool, ToolName};
 
 /// What a grant (or a token prefix) gives: a whole group, or one exact tool.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GrantTarget {
     /// Every tool named `<group>__...`.
-    Group(String),
+    Group(GroupName),
     /// Exactly this tool, and no other (not `weather__current_v2` for `weather__current`).
     Tool(ToolName),
 }
@@ -33,21 +34,15 @@ impl GrantTarget {
             }
             return ToolName::parse(s).map(GrantTarget::Tool);
         }
-        if s.is_empty() || s.len() > 64 || !s.chars().all(is_name_char) || s.ends_with('_') {
-            return Err(format!(
-                "`{s}` is not a valid group name (letters, digits, `_`, `.`, `-`; at most 64)"
-            ));
-        }
-        Ok(GrantTarget::Group(s.to_owned()))
+        GroupName::parse(s)
+            .map(GrantTarget::Group)
+            .map_err(String::from)
     }
 
     /// Parses the token form: a group appears as the prefix `search__`.
     pub fn from_prefix(s: &str) -> Option<Self> {
         match s.strip_suffix(SEPARATOR) {
-            Some(group) if !group.is_empty() && !group.contains(SEPARATOR) => {
-                Some(GrantTarget::Group(group.to_owned()))
-            }
-            Some(_) => None,
+            Some(group) => GroupName::parse(group).ok().map(GrantTarget::Group),
             None => ToolName::parse(s).ok().map(GrantTarget::Tool),
         }
     }

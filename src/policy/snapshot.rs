@@ -61,9 +61,10 @@ pub struct GrantRecord {
 
 /// A rate limit as stored: for the whole agent when `pattern` is `None`. In JSON it is the
 /// written form with the pattern beside it: `{"pattern": "weather", "per_minute": 30, "burst": 5}`.
+/// The pattern is parsed where it is read, so the limiter matches calls against it as is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimitRecord {
-    pub pattern: Option<String>,
+    pub pattern: Option<GrantTarget>,
     pub limit: Limit,
 }
 
@@ -109,10 +110,12 @@ impl<'de> Deserialize<'de> for RateLimitRecord {
             burst: j.burst,
         };
         let limit = form.parse().map_err(serde::de::Error::custom)?;
-        Ok(Self {
-            pattern: j.pattern,
-            limit,
-        })
+        let pattern = j
+            .pattern
+            .map(|p| GrantTarget::parse(&p))
+            .transpose()
+            .map_err(serde::de::Error::custom)?;
+        Ok(Self { pattern, limit })
     }
 }
 
@@ -367,16 +370,22 @@ impl PolicySnapshot {
                 {
                     return (a.name.clone(), view.clone());
                 }
-                let grants: Vec<GrantTarget> = a
+                // Each stored grant parsed once, here: the live grants the calls are decided
+                // by are these. One that does not parse (written before its rule) grants
+                // nothing, and is still listed, so that an admin sees it and removes it.
+                let parsed: Vec<Option<GrantTarget>> = a
                     .grants
                     .iter()
-                    .filter_map(|g| GrantTarget::parse(&g.target).ok())
+                    .map(|g| GrantTarget::parse(&g.target).ok())
                     .collect();
+                let grants: Vec<GrantTarget> = parsed.iter().flatten().cloned().collect();
                 let grant_matches = a
                     .grants
                     .iter()
-                    .map(|g| {
-                        let matched = GrantTarget::parse(&g.target)
+                    .zip(&parsed)
+                    .map(|(g, t)| {
+                        let matched = t
+                            .as_ref()
                             .map(|t| {
                                 let matched = t.matched(&catalog);
                                 matched
@@ -1007,5 +1016,35 @@ mod scale {
             "rebuild with {agents} agents: {rebuild:.3} s; the two scans per agent it replaced: {scan:.3} s ({:.0}x)",
             scan / rebuild
         );
+    }
+}
+
+#[cfg(test)]
+mod limit_records {
+    use super::*;
+
+    /// A limit's pattern is parsed as it is read, and written back as it was: the JSON (API,
+    /// files, the database) keeps its shape.
+    #[test]
+    fn a_limit_pattern_is_parsed_when_read_and_written_as_before() {
+        for text in [
+            r#"{"pattern":"weather","per_minute":30,"burst":5}"#,
+            r#"{"pattern":"weather__current","per_second":0.2,"burst":1}"#,
+            r#"{"pattern":null,"per_hour":100}"#,
+        ] {
+            let r: RateLimitRecord = serde_json::from_str(text).unwrap();
+            assert_eq!(serde_json::to_string(&r).unwrap(), text);
+        }
+        let r: RateLimitRecord =
+            serde_json::from_str(r#"{"pattern":"weather","per_minute":30}"#).unwrap();
+        assert_eq!(r.pattern, Some(GrantTarget::parse("weather").unwrap()));
+        for bad in ["se arch", "a_", "__"] {
+            let e = serde_json::from_value::<RateLimitRecord>(
+                serde_json::json!({"pattern": bad, "per_minute": 30}),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains(bad), "{bad}: {e}");
+        }
     }
 }

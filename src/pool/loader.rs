@@ -17,7 +17,7 @@ use super::sandbox::{GroupLimits, Mode, Sandbox, SandboxSettings};
 use super::{
     Catalog, ContentHash, Execution, FileStamp, FileStamps, GroupStatus, HttpBinding, InputSchema,
     InputValidator, LoadError, Restored, SEPARATOR, ScriptGroup, ScriptSpec, Tool, ToolName,
-    ToolSource, is_name_char,
+    ToolSource,
 };
 
 /// Defaults that apply to every script unless its operation says otherwise.
@@ -252,17 +252,9 @@ pub fn load_group(
             ));
         }
     };
-    if group.is_empty()
-        || !group.chars().all(is_name_char)
-        || group.contains(SEPARATOR)
-        || group.ends_with('_')
-    {
-        return Err(fail(
-            &spec_file,
-            format!(
-                "group name `{group}` must be letters, digits, `_`, `.` or `-`, without `__` and not ending in `_`"
-            ),
-        ));
+    // The rule grants parse groups with: a folder that loads can be granted.
+    if let Err(e) = crate::names::GroupName::parse(&group) {
+        return Err(fail(&spec_file, e.to_string()));
     }
     let env: Vec<ScriptVar> = match doc.get("x-toolgate-env") {
         None => Vec::new(),
@@ -1108,6 +1100,42 @@ mod tests {
             p50(&mut again),
             base.display()
         );
+    }
+
+    /// The loader and the grants read a group name by one rule: a folder that loads is a
+    /// group a grant can name, and matches its tools; a name no grant could name does not
+    /// load, and says why.
+    #[test]
+    fn a_group_that_loads_can_be_granted_and_one_that_cannot_does_not_load() {
+        let dir = tempfile::tempdir().unwrap();
+        golden_group(dir.path());
+        let longest = "g".repeat(58);
+        for group in ["w", "web-search.v2", "_x", "a_b", longest.as_str()] {
+            let tools = load_group(dir.path(), group, &LoaderSettings::default()).unwrap();
+            let grant = crate::policy::GrantTarget::parse(group).unwrap();
+            assert!(
+                tools.iter().all(|t| grant.matches(t.name.as_str())),
+                "{group}"
+            );
+        }
+        let too_long = "g".repeat(65);
+        for group in ["a_", "a__b", "we ather", "ä", too_long.as_str()] {
+            // `a__b` parses as a grant, but of one tool: never as a group.
+            assert!(
+                !matches!(
+                    crate::policy::GrantTarget::parse(group),
+                    Ok(crate::policy::GrantTarget::Group(_))
+                ),
+                "{group}"
+            );
+            let e = load_group(dir.path(), group, &LoaderSettings::default()).unwrap_err();
+            assert!(
+                e.reason
+                    .starts_with(&format!("`{group}` is not a valid group name")),
+                "{group}: {}",
+                e.reason
+            );
+        }
     }
 
     /// Approvals stored before the hash covered the whole operation are for the first form:

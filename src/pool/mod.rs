@@ -79,10 +79,7 @@ impl fmt::Display for ToolName {
     }
 }
 
-/// Characters allowed in group, operation and tool names.
-pub fn is_name_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')
-}
+pub use crate::names::is_name_char;
 
 /// Where a tool comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -74,16 +74,7 @@ pub async fn create<'a>(
     password: &str,
     role: &str,
 ) -> Result<(), ServiceError> {
-    if username.is_empty()
-        || username.len() > 64
-        || !username
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '@' | '-'))
-    {
-        return Err(ServiceError::Invalid(format!(
-            "username `{username}` must be 1-64 letters, digits, `_`, `.`, `@` or `-`"
-        )));
-    }
+    let username = crate::names::Username::parse(username)?;
     let role = Role::parse(role).ok_or_else(|| {
         ServiceError::Invalid(format!(
             "role must be admin, auditor, viewer or member, not `{role}`"
@@ -99,7 +90,7 @@ pub async fn create<'a>(
         .await
         .map_err(anyhow::Error::from)??;
     let mut tx = on.into().db().begin().await?;
-    if !db::accounts::create_user(&mut tx, actor, username, &hash, role.as_str()).await? {
+    if !db::accounts::create_user(&mut tx, actor, &username, &hash, role.as_str()).await? {
         return Err(ServiceError::Conflict(format!(
             "an admin user `{username}` already exists"
         )));

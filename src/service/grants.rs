@@ -34,9 +34,14 @@ pub fn preview(snapshot: &PolicySnapshot, target: &str) -> Result<(Vec<String>, 
     Ok((matched, suggestions))
 }
 
-pub async fn add(state: &AppState, actor: &str, agent: &str, target: &str) -> Result<GrantAdded> {
-    let target = target.trim();
-    GrantTarget::parse(target).map_err(ServiceError::Invalid)?;
+pub async fn add(
+    state: &AppState,
+    actor: &str,
+    agent: &str,
+    target: &GrantTarget,
+) -> Result<GrantAdded> {
+    // Stored as it is written back: trimmed, in its one spelling.
+    let target = &target.to_string();
     let mut tx = state.db.begin().await?;
     if db::agents::agent_id(&mut tx, agent).await?.is_none() {
         return Err(ServiceError::NotFound(format!("agent `{agent}`")));

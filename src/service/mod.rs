@@ -39,6 +39,12 @@ pub enum ServiceError {
 
 pub type Result<T, E = ServiceError> = std::result::Result<T, E>;
 
+impl From<crate::names::NameError> for ServiceError {
+    fn from(e: crate::names::NameError) -> Self {
+        ServiceError::Invalid(e.to_string())
+    }
+}
+
 /// Brings this instance's snapshot up to a change just committed, so that the caller's next
 /// request sees it; other instances (and this one again) follow the NOTIFY. `parts` is
 /// everything unless the change is a frequent one that touches one known table: a change

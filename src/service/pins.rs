@@ -4,6 +4,7 @@ use serde::Serialize;
 
 use super::{Plane, Result, ServiceError, refresh};
 use crate::db;
+use crate::names::GroupName;
 use crate::policy::snapshot::Parts;
 use crate::state::AppState;
 
@@ -113,18 +114,10 @@ pub struct GroupPin {
 pub async fn set_group_pin(
     state: &AppState,
     actor: &str,
-    group: &str,
+    group: &GroupName,
     pin: Option<bool>,
 ) -> Result<GroupPin> {
-    if group.is_empty()
-        || group.len() > crate::pool::MAX_TOOL_NAME
-        || !group.chars().all(crate::pool::is_name_char)
-        || group.contains(crate::pool::SEPARATOR)
-    {
-        return Err(ServiceError::Invalid(format!(
-            "group name `{group}` must be 1-64 letters, digits, `_`, `.` or `-`, without `__`"
-        )));
-    }
+    let group = group.as_str();
     let catalog = state.policy.catalog();
     let mut tx = state.db.begin().await?;
     let before = db::pins::pinned_groups(&mut tx).await?;

@@ -2,6 +2,7 @@
 
 use super::{Result, ServiceError, refresh};
 use crate::db;
+use crate::names::GroupName;
 use crate::policy::snapshot::Parts;
 use crate::state::AppState;
 
@@ -9,18 +10,11 @@ use crate::state::AppState;
 pub async fn set(
     state: &AppState,
     actor: &str,
-    name: &str,
+    // An upstream's tools are named `<upstream>__<tool>`: its name is their group's.
+    name: &GroupName,
     spec: crate::upstream::UpstreamSpec,
 ) -> Result<()> {
-    if name.is_empty()
-        || !name.chars().all(crate::pool::is_name_char)
-        || name.contains("__")
-        || name.ends_with('_')
-    {
-        return Err(ServiceError::Invalid(format!(
-            "upstream name `{name}` must be letters, digits, `_`, `.` or `-`, without `__`"
-        )));
-    }
+    let name = name.as_str();
     if state
         .policy
         .load()

@@ -558,12 +558,9 @@ const WITHHELD: &str = "its answer was withheld: it quoted the upstream's creden
 pub(crate) fn to_pool_tool(group: &str, t: &rmcp::model::Tool) -> Result<Tool, String> {
     // A tool's group is read off its name up to the first `__`; a group name with `__` in it
     // (one written into the table by hand, past the API's check) would be read as another
-    // group's, so none is served.
-    if group.contains(SEPARATOR) {
-        return Err(format!(
-            "tool `{}` skipped: group name `{group}` contains `{SEPARATOR}`",
-            t.name
-        ));
+    // group's, so none is served. The rule is the one the API and the grants hold it to.
+    if let Err(e) = crate::names::GroupName::parse(group) {
+        return Err(format!("tool `{}` skipped: {e}", t.name));
     }
     let name = ToolName::parse(&format!("{group}{SEPARATOR}{}", t.name))
         .map_err(|e| format!("tool `{}` skipped: {e}", t.name))?;
@@ -868,6 +865,7 @@ mod tests {
     #[test]
     fn a_group_name_with_the_separator_serves_no_tool() {
         let e = to_pool_tool("a__b", &upstream_tool("c")).unwrap_err();
-        assert!(e.contains("contains `__`"), "{e}");
+        assert!(e.contains("`a__b` is not a valid group name"), "{e}");
+        assert!(e.contains("without `__`"), "{e}");
     }
 }

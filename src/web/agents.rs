@@ -17,6 +17,7 @@ use super::session::redirect_with;
 use super::view::{
     ConfirmPage, Ctx, Flash, Nav, PageCtx, render, render_status, summary_line, thousands, when,
 };
+use crate::names::AgentName;
 use crate::search::{AgentTokens, agent_tokens};
 use crate::service::{self, ServiceError, audit_access};
 
@@ -82,15 +83,20 @@ pub async fn create(
     Form(form): Form<NewAgentForm>,
 ) -> Result<Response, WebError> {
     let name = form.name.trim();
-    match service::agents::create(
-        &state,
-        &ctx.admin.actor(),
-        name,
-        form.description.trim(),
-        form.discovery.as_deref().filter(|d| !d.is_empty()),
-    )
-    .await
-    {
+    let created = match AgentName::parse(name) {
+        Ok(agent) => {
+            service::agents::create(
+                &state,
+                &ctx.admin.actor(),
+                &agent,
+                form.description.trim(),
+                form.discovery.as_deref().filter(|d| !d.is_empty()),
+            )
+            .await
+        }
+        Err(e) => Err(e.into()),
+    };
+    match created {
         Ok(()) => Ok(redirect_with(
             &state,
             &format!("/admin/agents/{name}"),
@@ -283,7 +289,11 @@ pub async fn show(
             .limits
             .iter()
             .map(|l| LimitRow {
-                scope: l.pattern.clone().unwrap_or_default(),
+                scope: l
+                    .pattern
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
                 rate: super::limits::rate_text(&l.limit),
                 burst: super::limits::burst_text(&l.limit),
             })

@@ -125,14 +125,19 @@ impl AuditQuery {
         let since = time(&self.since);
         let until = time(&self.until);
         let text = |s: &str| Some(s.trim().to_owned()).filter(|s| !s.is_empty());
+        // A kind nobody records is said so, not shown as an empty page.
+        let event_type = text(&self.event_type)
+            .and_then(|s| EventKind::parse_named(&s).map_err(|e| errors.push(e)).ok());
+        let outcome = text(&self.outcome)
+            .and_then(|s| Outcome::parse_named(&s).map_err(|e| errors.push(e)).ok());
         (
             AuditFilter {
                 since,
                 until,
                 agent: text(&self.agent),
                 tool: text(&self.tool),
-                event_type: text(&self.event_type),
-                outcome: text(&self.outcome),
+                event_type,
+                outcome,
                 person: None,
             },
             errors,

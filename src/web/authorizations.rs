@@ -12,7 +12,7 @@ use super::error::WebError;
 use super::session::{Admin, redirect_with};
 use super::view::{Flash, render, when};
 use crate::db;
-use crate::service;
+use crate::service::{self, ServiceError};
 
 struct Row {
     id: String,
@@ -104,8 +104,9 @@ pub async fn add_user(
     Path(name): Path<String>,
     Form(form): Form<UserForm>,
 ) -> Result<Response, WebError> {
-    let username = form.username.trim();
-    service::agents::add_user(&state, &admin.actor(), &name, username).await?;
+    let username =
+        crate::names::Username::parse(form.username.trim()).map_err(ServiceError::from)?;
+    service::agents::add_user(&state, &admin.actor(), &name, &username).await?;
     Ok(redirect_with(
         &state,
         &format!("/admin/agents/{name}"),

@@ -13,6 +13,7 @@ use super::dashboard::{ZeroMatch, problems};
 use super::error::WebError;
 use super::session::redirect_with;
 use super::view::{ConfirmPage, Ctx, Flash, Nav, PageCtx, render, render_status, when};
+use crate::policy::GrantTarget;
 use crate::policy::snapshot::PolicySnapshot;
 use crate::service::{self, ServiceError};
 
@@ -185,7 +186,11 @@ pub async fn submit(
     if form.action != "save" {
         return render(&editor(&state, &ctx, &form.agent, &form.target, None));
     }
-    match service::grants::add(&state, &ctx.admin.actor(), &form.agent, &form.target).await {
+    let added = match GrantTarget::parse(&form.target) {
+        Ok(target) => service::grants::add(&state, &ctx.admin.actor(), &form.agent, &target).await,
+        Err(e) => Err(ServiceError::Invalid(e)),
+    };
+    match added {
         Ok(added) => {
             let flash = match &added.warning {
                 Some(w) => Flash::warn(format!("Added, but {w}")),

@@ -15,6 +15,7 @@ use super::grants::{CatalogOption, catalog_options};
 use super::session::redirect_with;
 use super::view::{Ctx, Flash, Nav, PageCtx, render, render_status};
 use crate::limits::{Limit, LimitForm, Period};
+use crate::policy::GrantTarget;
 use crate::policy::snapshot::RateLimitRecord;
 use crate::service::{self, ServiceError};
 
@@ -59,7 +60,10 @@ pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, 
                     .iter()
                     .map(|l| {
                         (
-                            l.pattern.clone().unwrap_or_default(),
+                            l.pattern
+                                .as_ref()
+                                .map(ToString::to_string)
+                                .unwrap_or_default(),
                             rate_text(&l.limit),
                             burst_text(&l.limit),
                         )
@@ -156,7 +160,11 @@ pub async fn edit(
         .enumerate()
         .map(|(i, l)| LimitInput {
             index: i,
-            pattern: l.pattern.clone().unwrap_or_default(),
+            pattern: l
+                .pattern
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
             rate: l.limit.count().to_string(),
             period: l.limit.period().as_str().to_owned(),
             burst: l
@@ -243,10 +251,11 @@ fn read_rows(
                 }
             }
             let limit = form.parse().map_err(|e| format!("In {scope}: {e}"))?;
-            Ok(RateLimitRecord {
-                pattern: (!r.pattern.is_empty()).then(|| r.pattern.clone()),
-                limit,
-            })
+            let pattern = (!r.pattern.is_empty())
+                .then(|| GrantTarget::parse(&r.pattern))
+                .transpose()
+                .map_err(|e| format!("In {scope}: {e}"))?;
+            Ok(RateLimitRecord { pattern, limit })
         })
         .collect();
     (rows, parsed)

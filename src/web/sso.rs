@@ -612,7 +612,7 @@ async fn verify(
 pub fn sanitize_username(raw: &str) -> Option<String> {
     let mut out = String::new();
     for c in raw.trim().chars() {
-        let c = if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '@' | '-') {
+        let c = if crate::names::is_username_char(c) {
             c
         } else {
             '-'

@@ -296,6 +296,53 @@ async fn a_burst_beyond_the_limit_is_refused_and_other_agents_are_unaffected(poo
     );
 }
 
+/// A filter naming a kind or an outcome the log never records is a 400 that names the known
+/// ones, on the export and the list alike, not an empty answer; a blank one filters nothing.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn an_unknown_event_type_or_outcome_filter_is_refused(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    for (query, typo, known) in [
+        ("event_type=tool.reslt", "tool.reslt", "tool.result"),
+        ("outcome=sucess", "sucess", "success"),
+    ] {
+        for path in [
+            format!("/api/v1/audit/export?format=jsonl&{query}"),
+            format!("/api/v1/audit?{query}"),
+        ] {
+            let r = app.admin("GET", &path, None).await;
+            assert_eq!(r.status, StatusCode::BAD_REQUEST, "{path}: {}", r.text);
+            assert!(
+                r.text.contains("unknown") && r.text.contains(&format!("`{typo}`")),
+                "{path}: {}",
+                r.text
+            );
+            assert!(r.text.contains(known), "{path}: {}", r.text);
+        }
+    }
+    let blank = app
+        .admin("GET", "/api/v1/audit?event_type=&outcome=", None)
+        .await;
+    assert_eq!(blank.status, StatusCode::OK, "{}", blank.text);
+    // The UI: its export refuses, its page says so above the rows.
+    let mut auditor = crate::web::Browser::signed_in(&app, "aud", "auditor").await;
+    let ui_export = auditor
+        .get("/admin/audit/export?format=csv&event_type=tool.reslt")
+        .await;
+    assert_eq!(
+        ui_export.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        ui_export.text
+    );
+    assert!(ui_export.text.contains("tool.reslt"), "{}", ui_export.text);
+    let ui_page = auditor.get("/admin/audit?outcome=sucess").await;
+    assert!(
+        ui_page.text.contains("unknown outcome") && ui_page.text.contains("sucess"),
+        "{}",
+        ui_page.text
+    );
+}
+
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn export_is_filtered_and_csv_neutralises_formulas(pool: PgPool) {
     let app = TestApp::new(pool.clone()).await;

@@ -155,3 +155,85 @@ fn output_into_a_closed_pipe_ends_the_command_without_a_panic() {
         out.status
     );
 }
+
+/// A filter that names a kind the log never records is refused, naming the known ones: a
+/// typo must not look like an export with nothing in it.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn audit_export_refuses_an_unknown_event_type_or_outcome(pool: PgPool) {
+    let o = pool.connect_options();
+    let url = format!(
+        "postgres://{}@{}:{}/{}",
+        o.get_username(),
+        o.get_host(),
+        o.get_port(),
+        o.get_database().unwrap()
+    );
+    for (flag, typo, known) in [
+        ("--event-type", "tool.reslt", "tool.result"),
+        ("--outcome", "sucess", "success"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(["audit", "export", flag, typo, "--database-url", &url])
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {typo} was accepted");
+        assert!(out.stdout.is_empty(), "{flag} {typo} exported");
+        assert!(
+            stderr.contains(&format!("`{typo}`")) && stderr.contains(known),
+            "{stderr}"
+        );
+    }
+    let good = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args([
+            "audit",
+            "export",
+            "--event-type",
+            "tool.result",
+            "--database-url",
+            &url,
+        ])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        good.status.success(),
+        "{}",
+        String::from_utf8_lossy(&good.stderr)
+    );
+}
+
+/// Names typed on the command line are held to their rule as they are read, before any
+/// database is reached.
+#[test]
+fn a_name_that_breaks_its_rule_is_refused_by_the_command_line() {
+    for (args, message) in [
+        (
+            vec![
+                "admin",
+                "create-user",
+                "--username",
+                "a b",
+                "--role",
+                "admin",
+            ],
+            "username `a b` must be 1-64",
+        ),
+        (
+            vec!["client", "create", "--agent", "../x"],
+            "agent name `../x` must be 1-64",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(&args)
+            .args(["--database-url", "postgres://nobody@127.0.0.1:1/none"])
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+}

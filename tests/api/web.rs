@@ -753,7 +753,14 @@ async fn rate_limits_are_edited_per_agent_and_per_tool(pool: PgPool) {
         .clone();
     assert_eq!(limits.len(), 2);
     assert_eq!(limits[0].limit.to_string(), "7/second burst 14");
-    assert_eq!(limits[1].pattern.as_deref(), Some("weather__forecast"));
+    assert_eq!(
+        limits[1]
+            .pattern
+            .as_ref()
+            .map(ToString::to_string)
+            .as_deref(),
+        Some("weather__forecast")
+    );
     assert_eq!(limits[1].limit.to_string(), "1.5/minute");
     let overview = b.get("/admin/limits").await.text;
     assert!(overview.contains("<code>weather__forecast</code>"));
