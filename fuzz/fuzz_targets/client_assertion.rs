@@ -1,5 +1,5 @@
-//! `private_key_jwt` client assertions (`oauth::assertion_client_id` and
-//! `oauth::check_assertion`, the checks `/oauth/token` runs around its client lookup).
+//! `private_key_jwt` client assertions (`auth::client::assertion_client_id` and
+//! `auth::client::check_assertion`, the checks `/oauth/token` runs around its client lookup).
 //!
 //! Input: `<form client_id, or ->\n<raw assertion>`, or
 //! `<form client_id>\n<header JSON>\n<payload JSON>[\n<signer>[\n<JWKS JSON>]]`, signed at
@@ -19,7 +19,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 use toolgate::auth::token::CLOCK_LEEWAY_SECS;
-use toolgate::oauth::{MAX_ASSERTION_LIFETIME_SECS, assertion_client_id, check_assertion};
+use toolgate::auth::client::{MAX_ASSERTION_LIFETIME_SECS, assertion_client_id, check_assertion};
 use toolgate_fuzz::{Keys, now, signed};
 
 const ISSUER: &str = "http://127.0.0.1:8080";
