@@ -132,9 +132,16 @@ pub struct ServeArgs {
     /// Bearer token for the JSON admin API (/api/v1).
     #[arg(long, env = "TOOLGATE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
-    /// Access token lifetime in seconds.
-    #[arg(long, env = "TOOLGATE_TOKEN_TTL_SECS", default_value_t = 900)]
+    /// Access token lifetime in seconds (5 to 86400).
+    #[arg(long, env = "TOOLGATE_TOKEN_TTL_SECS", default_value_t = 900,
+          value_parser = clap::value_parser!(u64).range(5..=86_400))]
     pub token_ttl_secs: u64,
+    /// Seconds an access token is still accepted past its `exp` (and before its `iat`/`nbf`):
+    /// the clock skew tolerated between the gateway's instances (0 to 300).
+    #[arg(long, env = "TOOLGATE_TOKEN_LEEWAY_SECS",
+          default_value_t = crate::auth::token::ACCESS_TOKEN_LEEWAY_SECS,
+          value_parser = clap::value_parser!(u64).range(0..=300))]
+    pub token_leeway_secs: u64,
     /// Default script timeout in milliseconds (an operation may set `x-toolgate-timeout-ms`).
     #[arg(long, env = "TOOLGATE_SCRIPT_TIMEOUT_MS", default_value_t = 30_000)]
     pub script_timeout_ms: u64,

@@ -227,14 +227,21 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// The `WWW-Authenticate` challenge that points clients at our protected-resource metadata.
-pub fn bearer_challenge(state: &AppState, error: Option<&str>) -> String {
+/// The `WWW-Authenticate` challenge that points clients at our protected-resource metadata,
+/// with the scope to ask for and, for a token that was refused (RFC 6750 §3.1), why: a client
+/// that reads `error_description="expired"` knows to get a new token rather than give up.
+pub fn bearer_challenge(state: &AppState, refused: Option<&TokenError>) -> String {
     let mut c = format!(
-        "Bearer resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\"",
-        state.settings.issuer
+        "Bearer resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\", scope=\"{}\"",
+        state.settings.issuer,
+        crate::auth::scope::SUPPORTED_SCOPES.join(" ")
     );
-    if let Some(e) = error {
-        c.push_str(&format!(", error=\"{e}\""));
+    if let Some(e) = refused {
+        // Fixed words only: nothing the token held is echoed.
+        c.push_str(&format!(
+            ", error=\"invalid_token\", error_description=\"{}\"",
+            e.kind()
+        ));
     }
     c
 }
@@ -264,11 +271,7 @@ pub async fn require_agent(
         }
         Err(refusal) => refusal,
     };
-    let error = if refusal.error == TokenError::Missing {
-        None
-    } else {
-        Some("invalid_token")
-    };
+    let refused = (refusal.error != TokenError::Missing).then_some(&refusal.error);
     let mut response = match refusal.limited {
         Some(wait) => (
             StatusCode::TOO_MANY_REQUESTS,
@@ -281,8 +284,14 @@ pub async fn require_agent(
             .into_response(),
         None => (
             StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, bearer_challenge(&state, error))],
-            Json(json!({"error": error.unwrap_or("unauthorized"), "error_description": "a valid bearer access token is required"})),
+            [(header::WWW_AUTHENTICATE, bearer_challenge(&state, refused))],
+            Json(json!({
+                "error": if refused.is_some() { "invalid_token" } else { "unauthorized" },
+                "error_description": match refused {
+                    Some(TokenError::Expired) => "the access token has expired; request a new one",
+                    _ => "a valid bearer access token is required",
+                },
+            })),
         )
             .into_response(),
     };

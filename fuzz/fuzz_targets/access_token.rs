@@ -12,12 +12,17 @@
 use std::sync::{Arc, LazyLock};
 
 use libfuzzer_sys::fuzz_target;
-use toolgate::auth::token::{CLOCK_LEEWAY_SECS, TOKEN_TYPE, verify};
+use toolgate::auth::token::{ACCESS_TOKEN_LEEWAY_SECS, Expected, TOKEN_TYPE, verify};
 use toolgate::policy::snapshot::{ClientRecord, PolicySnapshot, PolicyState, VerifyKey};
 use toolgate_fuzz::{Keys, now, signed};
 
 const ISSUER: &str = "http://127.0.0.1:8080";
 const AUDIENCE: &str = "http://127.0.0.1:8080/mcp";
+const EXPECTED: Expected<'static> = Expected {
+    issuer: ISSUER,
+    audience: AUDIENCE,
+    leeway_secs: ACCESS_TOKEN_LEEWAY_SECS,
+};
 const REVOKED: &str = "0190c4a8-0000-7000-8000-000000000001";
 
 struct Fixture {
@@ -59,7 +64,7 @@ fuzz_target!(|data: &[u8]| {
             (signed(&f.keys, first, payload, signer), trusted)
         }
     };
-    let Ok((principal, claims)) = verify(&token, &f.snapshot, ISSUER, AUDIENCE) else {
+    let Ok((principal, claims)) = verify(&token, &f.snapshot, &EXPECTED) else {
         return;
     };
     assert!(
@@ -73,7 +78,7 @@ fuzz_target!(|data: &[u8]| {
     ));
     assert_eq!(claims.iss, ISSUER);
     assert_eq!(claims.aud, AUDIENCE);
-    let (t, leeway) = (now(), CLOCK_LEEWAY_SECS as i64);
+    let (t, leeway) = (now(), ACCESS_TOKEN_LEEWAY_SECS as i64);
     assert!(
         claims.exp >= t - leeway,
         "accepted an expired token: {claims:?}"

@@ -318,17 +318,8 @@ pub async fn validate(
         None => state.settings.audience.clone(),
     };
     let scope = params.get("scope").cloned().unwrap_or_default();
-    if scope.len() > 4096 {
-        return Err(to_client("invalid_scope", "scope is too long"));
-    }
     // The form only: whether the chosen agent holds it is checked at consent.
-    if let Err(e) = super::scope::narrow(&[], Some(&scope)).or_else(|e| {
-        if e.starts_with("none of") {
-            Ok(Vec::new())
-        } else {
-            Err(e)
-        }
-    }) {
+    if let Err(e) = super::scope::parse(Some(&scope)) {
         return Err(to_client("invalid_scope", &e));
     }
     Ok(AuthorizeRequest {

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::token::TokenError;
 use crate::audit::{AuditEvent, EventKind, Outcome, RequestOrigin};
 use crate::limits::LimitedAction;
+use crate::policy::TokenScope;
 use crate::policy::snapshot::Principal;
 use crate::state::AppState;
 
@@ -66,7 +67,7 @@ pub async fn authenticate(
 fn verify(state: &AppState, authorization: Option<&str>) -> Result<Principal, TokenError> {
     match authorization {
         None => match &state.settings.dev_agent {
-            Some(agent) => Ok(dev_principal(state, agent)),
+            Some(agent) => Ok(dev_principal(agent)),
             None => Err(TokenError::Missing),
         },
         Some(h) => match h
@@ -78,8 +79,7 @@ fn verify(state: &AppState, authorization: Option<&str>) -> Result<Principal, To
                 state.verified_tokens.verify(
                     tok.trim(),
                     &snapshot,
-                    &state.settings.issuer,
-                    &state.settings.audience,
+                    &state.settings.expected_token(),
                 )
             }
             None => Err(TokenError::Malformed("not a bearer token".into())),
@@ -88,17 +88,12 @@ fn verify(state: &AppState, authorization: Option<&str>) -> Result<Principal, To
 }
 
 /// The dev agent holds a token-equivalent of all its live grants.
-fn dev_principal(state: &AppState, agent: &str) -> Principal {
-    let snapshot = state.policy.load();
-    let prefixes = snapshot
-        .agent(agent)
-        .map(|a| a.grants.clone())
-        .unwrap_or_default();
+fn dev_principal(agent: &str) -> Principal {
     Principal {
         agent: agent.to_owned(),
         client_id: "dev-agent".to_owned(),
         jti: None,
-        prefixes,
+        scope: TokenScope::AllGranted,
         person: None,
     }
 }

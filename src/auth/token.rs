@@ -8,14 +8,27 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::policy::GrantTarget;
 use crate::policy::snapshot::{PolicySnapshot, Principal};
+use crate::policy::{GrantTarget, TokenScope};
 
 pub const TOKEN_TYPE: &str = "at+jwt";
 
 /// Clock skew tolerated between us and whoever made a JWT, for `exp`, `nbf` and `iat`: enough
-/// for hosts kept in sync by NTP, too little to make a token meant for later usable now.
+/// for hosts kept in sync by NTP, too little to make a token meant for later usable now. Used
+/// for what others sign (client assertions, ID tokens).
 pub const CLOCK_LEEWAY_SECS: u64 = 60;
+
+/// Default skew tolerated on our own access tokens (`--token-leeway-secs`): they are issued and
+/// checked by the gateway itself, so only the clocks of its instances can differ.
+pub const ACCESS_TOKEN_LEEWAY_SECS: u64 = 5;
+
+/// What an access token must say to be ours: issuer, audience, and the clock skew tolerated.
+#[derive(Debug, Clone, Copy)]
+pub struct Expected<'a> {
+    pub issuer: &'a str,
+    pub audience: &'a str,
+    pub leeway_secs: u64,
+}
 
 /// Refuses an `iat` (issued at) in the future: jsonwebtoken checks `exp` and `nbf` only, and a
 /// token claiming to be issued later than now was not made by a correct clock.
@@ -56,16 +69,23 @@ pub struct Actor {
 }
 
 impl AccessClaims {
+    /// Claims for `agent`'s client: `scope` says what the token reaches; `grants` are the
+    /// agent's grants now, carried in `tool_prefixes` for a token that follows them (what the
+    /// agent held at issuance; the live grants decide on every request).
     pub fn new(
         issuer: &str,
         audience: &str,
         agent: &str,
         client_id: &str,
-        prefixes: &[GrantTarget],
+        scope: &TokenScope,
+        grants: &[GrantTarget],
         lifetime: Duration,
     ) -> Self {
         let now = Utc::now().timestamp();
-        let prefixes: Vec<String> = prefixes.iter().map(GrantTarget::to_prefix).collect();
+        let carried = match scope {
+            TokenScope::AllGranted => grants,
+            TokenScope::Only(targets) => targets.as_slice(),
+        };
         Self {
             iss: issuer.to_owned(),
             sub: agent.to_owned(),
@@ -74,12 +94,8 @@ impl AccessClaims {
             iat: now,
             exp: now + lifetime.as_secs() as i64,
             jti: Uuid::new_v4().to_string(),
-            scope: prefixes
-                .iter()
-                .map(|p| format!("tools:{}", p.trim_end_matches("__")))
-                .collect::<Vec<_>>()
-                .join(" "),
-            tool_prefixes: prefixes,
+            scope: scope.to_scope_string(),
+            tool_prefixes: carried.iter().map(GrantTarget::to_prefix).collect(),
             act: None,
             authorization_id: None,
         }
@@ -121,6 +137,8 @@ pub enum TokenError {
     Type,
     #[error("unknown signing key")]
     UnknownKey,
+    #[error("token has expired")]
+    Expired,
     #[error("invalid token: {0}")]
     Invalid(String),
     #[error("token was revoked")]
@@ -141,6 +159,7 @@ impl TokenError {
             TokenError::Algorithm(_) => "algorithm not accepted",
             TokenError::Type => "wrong token type",
             TokenError::UnknownKey => "unknown signing key",
+            TokenError::Expired => "expired",
             TokenError::Invalid(_) => "invalid token",
             TokenError::Revoked => "token revoked",
             TokenError::UnknownClient => "token's client gone",
@@ -150,15 +169,14 @@ impl TokenError {
 }
 
 /// Verifies an access token against the snapshot: signature, `alg`/`typ`, `iss`, `aud`, `exp`,
-/// `nbf` and `iat` (each with [`CLOCK_LEEWAY_SECS`]), then that its `jti` is not revoked and
+/// `nbf` and `iat` (each with the expected leeway), then that its `jti` is not revoked and
 /// its client still exists for its agent.
 pub fn verify(
     token: &str,
     snapshot: &PolicySnapshot,
-    issuer: &str,
-    audience: &str,
+    expected: &Expected<'_>,
 ) -> Result<(Principal, AccessClaims), TokenError> {
-    let signed = verify_signed(token, snapshot, issuer, audience)?;
+    let signed = verify_signed(token, snapshot, expected)?;
     let principal = admit(&signed, snapshot)?;
     Ok((principal, signed.claims))
 }
@@ -174,8 +192,7 @@ struct Signed {
 fn verify_signed(
     token: &str,
     snapshot: &PolicySnapshot,
-    issuer: &str,
-    audience: &str,
+    expected: &Expected<'_>,
 ) -> Result<Signed, TokenError> {
     let header =
         jsonwebtoken::decode_header(token).map_err(|e| TokenError::Malformed(e.to_string()))?;
@@ -190,16 +207,25 @@ fn verify_signed(
     let kid = header.kid.ok_or(TokenError::UnknownKey)?;
     let key = snapshot.verify_key(&kid).ok_or(TokenError::UnknownKey)?;
     let mut validation = Validation::new(Algorithm::EdDSA);
-    validation.set_issuer(&[issuer]);
-    validation.set_audience(&[audience]);
+    validation.set_issuer(&[expected.issuer]);
+    validation.set_audience(&[expected.audience]);
     validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
     validation.validate_nbf = true;
-    validation.leeway = CLOCK_LEEWAY_SECS;
+    validation.leeway = expected.leeway_secs;
     let data =
         jsonwebtoken::decode::<AccessClaims>(token, &DecodingKey::from_ed_der(key), &validation)
-            .map_err(|e| TokenError::Invalid(e.to_string()))?;
+            .map_err(|e| match e.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenError::Expired,
+                _ => TokenError::Invalid(e.to_string()),
+            })?;
     let claims = data.claims;
-    check_iat(Some(claims.iat), Utc::now().timestamp()).map_err(TokenError::Invalid)?;
+    let now = Utc::now().timestamp();
+    if claims.iat > now + expected.leeway_secs as i64 {
+        return Err(TokenError::Invalid(format!(
+            "iat {} is in the future (now {now})",
+            claims.iat
+        )));
+    }
     let jti = Uuid::parse_str(&claims.jti)
         .map_err(|_| TokenError::Invalid("jti is not a UUID".into()))?;
     Ok(Signed { kid, claims, jti })
@@ -236,16 +262,11 @@ fn admit(signed: &Signed, snapshot: &PolicySnapshot) -> Result<Principal, TokenE
             None
         }
     };
-    let prefixes = claims
-        .tool_prefixes
-        .iter()
-        .filter_map(|p| GrantTarget::from_prefix(p))
-        .collect();
     Ok(Principal {
         agent: claims.sub.clone(),
         client_id: claims.client_id.clone(),
         jti: Some(signed.jti),
-        prefixes,
+        scope: TokenScope::from_claims(&claims.scope, &claims.tool_prefixes),
         person,
     })
 }
@@ -271,28 +292,27 @@ impl VerifiedTokens {
         &self,
         token: &str,
         snapshot: &PolicySnapshot,
-        issuer: &str,
-        audience: &str,
+        expected: &Expected<'_>,
     ) -> Result<Principal, TokenError> {
         let lock = || self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let now = Utc::now().timestamp();
         let hit = lock().get(token).cloned();
         let signed = match hit {
             Some(s) => {
-                let expired = s.claims.exp + CLOCK_LEEWAY_SECS as i64 <= now;
+                let expired = s.claims.exp + expected.leeway_secs as i64 <= now;
                 if expired || snapshot.verify_key(&s.kid).is_none() {
                     lock().remove(token);
                     // The full check names the reason, as for a token never seen.
-                    return verify(token, snapshot, issuer, audience).map(|(p, _)| p);
+                    return verify(token, snapshot, expected).map(|(p, _)| p);
                 }
                 s
             }
             None => {
-                let s = std::sync::Arc::new(verify_signed(token, snapshot, issuer, audience)?);
+                let s = std::sync::Arc::new(verify_signed(token, snapshot, expected)?);
                 let principal = admit(&s, snapshot)?;
                 let mut entries = lock();
                 if entries.len() >= MAX_VERIFIED {
-                    entries.retain(|_, v| v.claims.exp + CLOCK_LEEWAY_SECS as i64 > now);
+                    entries.retain(|_, v| v.claims.exp + expected.leeway_secs as i64 > now);
                     if entries.len() >= MAX_VERIFIED {
                         entries.clear();
                     }

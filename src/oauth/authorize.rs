@@ -225,7 +225,7 @@ pub async fn exchange(
     if !may {
         return Err(invalid_grant("the person may no longer act as this agent"));
     }
-    let prefixes = scope::narrow(&grants, Some(&scope))
+    let token_scope = scope::narrow(&grants, Some(&scope))
         .map_err(|e| OAuthError::new(StatusCode::BAD_REQUEST, "invalid_scope", e))?;
     let refresh_token = random_token();
     db::authorizations::insert_refresh(
@@ -246,7 +246,8 @@ pub async fn exchange(
         &state.settings.audience,
         &agent,
         client_id,
-        &prefixes,
+        &token_scope,
+        &grants,
         state.settings.token_ttl,
     )
     .acting_for(&username, authorization_id);

@@ -279,7 +279,7 @@ async fn issue_token(
         .map(|a| a.grants.clone())
         .unwrap_or_default();
     drop(snapshot);
-    let prefixes = scope::narrow(&grants, form.get("scope").map(String::as_str))
+    let token_scope = scope::narrow(&grants, form.get("scope").map(String::as_str))
         .map_err(|e| OAuthError::new(StatusCode::BAD_REQUEST, "invalid_scope", e))?;
     let key = db::keys::current_signing_key(&state.db)
         .await
@@ -297,7 +297,8 @@ async fn issue_token(
         &state.settings.audience,
         &client.agent,
         &client.client_id,
-        &prefixes,
+        &token_scope,
+        &grants,
         state.settings.token_ttl,
     );
     let jwt = sign(&claims, &key.kid, &key.private_pkcs8).map_err(|_| {
@@ -437,12 +438,7 @@ async fn introspect(
         return inactive;
     };
     let snapshot = state.policy.load();
-    match crate::auth::token::verify(
-        token,
-        &snapshot,
-        &state.settings.issuer,
-        &state.settings.audience,
-    ) {
+    match crate::auth::token::verify(token, &snapshot, &state.settings.expected_token()) {
         Ok((_, c)) => Json(json!({
             "active": true,
             "token_type": "Bearer",
@@ -469,9 +465,11 @@ async fn as_metadata(State(state): State<AppState>) -> Json<Value> {
         "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"],
         "token_endpoint_auth_signing_alg_values_supported": ["EdDSA", "RS256", "ES256", "PS256"],
         "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"],
-        // No `scopes_supported`: listing every group would tell any stranger what the
-        // catalog holds. Scopes are `tools:<group>` or `tools:<group>__<tool>`; an agent
-        // learns its own tools from `tools/list`.
+        // The generic scopes only: listing every group would tell any stranger what the
+        // catalog holds. `tools:<group>` and `tools:<group>__<tool>` narrow a token too; an
+        // agent learns its own tools from `tools/list`. Clients that ask for the OpenID
+        // scopes by habit (`mcp-remote`) get them ignored, not refused.
+        "scopes_supported": scope::SUPPORTED_SCOPES,
         "response_types_supported": ["code"],
         "response_modes_supported": ["query"],
         "authorization_endpoint": format!("{i}/oauth/authorize"),
@@ -487,6 +485,7 @@ async fn resource_metadata(State(state): State<AppState>) -> Json<Value> {
         "resource_name": "toolgate",
         "authorization_servers": [state.settings.issuer],
         "bearer_methods_supported": ["header"],
+        "scopes_supported": scope::SUPPORTED_SCOPES,
     }))
 }
 

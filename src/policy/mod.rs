@@ -111,14 +111,66 @@ impl<'de> Deserialize<'de> for GrantTarget {
     }
 }
 
+/// The scope word for "every tool the agent is granted, as its grants stand on each request".
+pub const ALL_TOOLS_SCOPE: &str = "tools";
+
+/// What a token lets its agent reach, within the agent's live grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenScope {
+    /// Issued without a narrower scope (or for `tools`): follows the live grants, additions
+    /// included, so a grant added in the UI reaches the agent on its next request.
+    AllGranted,
+    /// Issued for explicit `tools:<target>` scopes: never wider than these, whatever is granted
+    /// later.
+    Only(Vec<GrantTarget>),
+}
+
+impl TokenScope {
+    /// Whether the token's scope covers `tool` (the live grants are checked beside it).
+    pub fn permits(&self, tool: &str) -> bool {
+        match self {
+            TokenScope::AllGranted => true,
+            TokenScope::Only(targets) => targets.iter().any(|t| t.matches(tool)),
+        }
+    }
+
+    /// The `scope` claim and token-response field: what was granted (RFC 6749 §3.3).
+    pub fn to_scope_string(&self) -> String {
+        match self {
+            TokenScope::AllGranted => ALL_TOOLS_SCOPE.to_owned(),
+            TokenScope::Only(targets) => targets
+                .iter()
+                .map(|t| format!("tools:{t}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
+
+    /// The scope of a verified token, from its `scope` and `tool_prefixes` claims. A token
+    /// whose `scope` holds `tools` follows the live grants; any other is held to the prefixes
+    /// it carries (tokens issued before live scopes existed among them).
+    pub fn from_claims(scope: &str, tool_prefixes: &[String]) -> Self {
+        if scope.split_whitespace().any(|w| w == ALL_TOOLS_SCOPE) {
+            return TokenScope::AllGranted;
+        }
+        TokenScope::Only(
+            tool_prefixes
+                .iter()
+                .filter_map(|p| GrantTarget::from_prefix(p))
+                .collect(),
+        )
+    }
+}
+
 /// Decides whether an agent may see and call `tool`.
 ///
-/// Default deny: the tool must be matched by one of the agent's live grants **and** by one of
-/// the prefixes its token carries. Removing a grant therefore takes effect on the next request
-/// even for tokens issued before; a new grant arrives with the next token. Both `tools/list`
-/// and `tools/call` (and the REST and OpenAPI surfaces) go through this function.
-pub fn may_use(live_grants: &[GrantTarget], token_prefixes: &[GrantTarget], tool: &str) -> bool {
-    live_grants.iter().any(|g| g.matches(tool)) && token_prefixes.iter().any(|p| p.matches(tool))
+/// Default deny: the tool must be matched by one of the agent's live grants **and** be within
+/// its token's scope. Removing a grant therefore takes effect on the next request even for
+/// tokens issued before; so does adding one, for tokens that follow the live grants
+/// ([`TokenScope::AllGranted`]). Both `tools/list` and `tools/call` (and the REST and OpenAPI
+/// surfaces) go through this function.
+pub fn may_use(live_grants: &[GrantTarget], scope: &TokenScope, tool: &str) -> bool {
+    live_grants.iter().any(|g| g.matches(tool)) && scope.permits(tool)
 }
 
 /// The nearest existing group or tool names to a grant that matches nothing.
@@ -168,12 +220,34 @@ mod tests {
     }
 
     #[test]
-    fn may_use_needs_both_a_live_grant_and_a_token_prefix() {
+    fn may_use_needs_both_a_live_grant_and_the_token_scope() {
         let live = [g("search")];
-        assert!(may_use(&live, &[g("search")], "search__query"));
-        assert!(!may_use(&live, &[g("weather")], "search__query"));
-        assert!(!may_use(&[], &[g("search")], "search__query"));
-        assert!(!may_use(&live, &[], "search__query"));
+        let only = |t: &[GrantTarget]| TokenScope::Only(t.to_vec());
+        assert!(may_use(&live, &only(&[g("search")]), "search__query"));
+        assert!(!may_use(&live, &only(&[g("weather")]), "search__query"));
+        assert!(!may_use(&[], &only(&[g("search")]), "search__query"));
+        assert!(!may_use(&live, &only(&[]), "search__query"));
+        assert!(may_use(&live, &TokenScope::AllGranted, "search__query"));
+        assert!(!may_use(&live, &TokenScope::AllGranted, "weather__current"));
+        assert!(!may_use(&[], &TokenScope::AllGranted, "search__query"));
+    }
+
+    #[test]
+    fn a_token_scope_reads_back_from_its_claims() {
+        let prefixes = vec!["search__".to_owned()];
+        assert_eq!(
+            TokenScope::from_claims("tools", &prefixes),
+            TokenScope::AllGranted
+        );
+        assert_eq!(
+            TokenScope::from_claims("tools:search", &prefixes),
+            TokenScope::Only(vec![g("search")])
+        );
+        // A scope naming `tools` only as part of a word is not the live scope.
+        assert_eq!(
+            TokenScope::from_claims("tools:tools", &["tools__".to_owned()]),
+            TokenScope::Only(vec![g("tools")])
+        );
     }
 
     fn name() -> impl Strategy<Value = String> {

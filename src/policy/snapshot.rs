@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::arguments::{self, ArgumentRules, RuleProblem};
-use super::{GrantTarget, may_use};
+use super::{GrantTarget, TokenScope, may_use};
 use crate::limits::{Limit, LimitForm};
 use crate::pool::{Catalog, Tool};
 use crate::search::SearchIndex;
@@ -263,8 +263,9 @@ pub struct Principal {
     pub agent: String,
     pub client_id: String,
     pub jti: Option<Uuid>,
-    /// The prefixes the token carries; the live grants narrow them further.
-    pub prefixes: Vec<GrantTarget>,
+    /// What the token reaches within the live grants: all of them, or the targets it was
+    /// issued for.
+    pub scope: TokenScope,
     /// The person a host acts for (the token's `act`), when it was obtained by sign-in.
     pub person: Option<String>,
 }
@@ -301,8 +302,8 @@ impl AgentView {
     }
 }
 
-/// Memo key of a `tools/list` token count: the agent and its token's prefixes (sorted), or
-/// `None` for a token carrying all of the agent's grants.
+/// Memo key of a `tools/list` token count: the agent and its token's targets (sorted), or
+/// `None` for a token that follows all of the agent's grants.
 type ListKey = (String, Option<Vec<String>>);
 
 /// Bound on the token-count memo; it is cleared, not evicted, when full.
@@ -524,19 +525,22 @@ impl PolicySnapshot {
         let Some(agent) = self.agents.get(&principal.agent) else {
             return Vec::new();
         };
-        agent
-            .visible
-            .iter()
-            .filter(|t| may_use(&agent.grants, &principal.prefixes, t.name.as_str()))
-            .cloned()
-            .collect()
+        match &principal.scope {
+            TokenScope::AllGranted => agent.visible.clone(),
+            scope => agent
+                .visible
+                .iter()
+                .filter(|t| may_use(&agent.grants, scope, t.name.as_str()))
+                .cloned()
+                .collect(),
+        }
     }
 
     /// The tool `name` if `principal` may call it; `None` whether it is unknown or not granted,
     /// so that a tool's existence does not leak.
     pub fn resolve(&self, principal: &Principal, name: &str) -> Option<Arc<Tool>> {
         let agent = self.agents.get(&principal.agent)?;
-        if !may_use(&agent.grants, &principal.prefixes, name) {
+        if !may_use(&agent.grants, &principal.scope, name) {
             return None;
         }
         if self.held.contains(name) {
@@ -575,10 +579,16 @@ impl PolicySnapshot {
 
     /// Tokens of the `tools/list` entries of the tools `principal` sees.
     pub fn list_tokens(&self, principal: &Principal) -> usize {
-        let mut prefixes: Vec<String> = principal.prefixes.iter().map(|p| p.to_prefix()).collect();
-        prefixes.sort();
-        prefixes.dedup();
-        self.memo((principal.agent.clone(), Some(prefixes)), || {
+        let key = match &principal.scope {
+            TokenScope::AllGranted => None,
+            TokenScope::Only(targets) => {
+                let mut prefixes: Vec<String> = targets.iter().map(|p| p.to_prefix()).collect();
+                prefixes.sort();
+                prefixes.dedup();
+                Some(prefixes)
+            }
+        };
+        self.memo((principal.agent.clone(), key), || {
             crate::cost::tools_list_tokens(&self.visible(principal))
         })
     }

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::policy::snapshot::{AgentRecord, GrantRecord, PolicyHandle, PolicyState, Principal};
-use crate::policy::{GrantTarget, may_use};
+use crate::policy::{GrantTarget, TokenScope, may_use};
 
 const REFERENCE: &str = include_str!("../../bench/catalogs/reference/tools.json");
 
@@ -44,10 +44,12 @@ fn principal(agent: &str, prefixes: &[String]) -> Principal {
         client_id: "c".into(),
         jti: None,
         person: None,
-        prefixes: prefixes
-            .iter()
-            .map(|p| GrantTarget::parse(p).unwrap())
-            .collect(),
+        scope: TokenScope::Only(
+            prefixes
+                .iter()
+                .map(|p| GrantTarget::parse(p).unwrap())
+                .collect(),
+        ),
     }
 }
 
@@ -407,7 +409,7 @@ proptest! {
         for h in &hits {
             let name = h.tool.name.as_str();
             prop_assert!(visible_names.contains(name), "{name} is not visible");
-            prop_assert!(may_use(&live, &who.prefixes, name), "{name} is not granted");
+            prop_assert!(may_use(&live, &who.scope, name), "{name} is not granted");
             prop_assert!(snap.resolve(&who, name).is_some());
         }
         // Statistics come from the visible set only: same hits, same scores, bit for bit, as

@@ -16,7 +16,12 @@ pub struct GrantAdded {
     pub matched_tools: usize,
     pub suggestions: Vec<String>,
     pub warning: Option<String>,
+    /// Which of the agent's tokens see the grant, and when.
+    pub reaches: &'static str,
 }
+
+/// What a grant change reaches: said by the API and the admin UI beside every grant.
+pub const GRANT_REACH: &str = "Live: tokens issued with scope `tools` (the default) see a grant added or removed on their next request; tokens issued for explicit `tools:…` scopes lose a removed grant at once and never gain one.";
 
 /// Which tools a grant would match, before saving it (the grant editor's preview).
 pub fn preview(snapshot: &PolicySnapshot, target: &str) -> Result<(Vec<String>, Vec<String>)> {
@@ -70,6 +75,7 @@ pub async fn add(
         matched_tools: matched.len(),
         suggestions,
         warning,
+        reaches: GRANT_REACH,
     })
 }
 

@@ -22,6 +22,8 @@ pub struct Settings {
     pub dev_agent: Option<String>,
     pub admin_token: Option<String>,
     pub token_ttl: Duration,
+    /// Clock skew tolerated on access tokens, in seconds.
+    pub token_leeway_secs: u64,
     pub page_size: usize,
     /// `tools/list` answered before the SDK when the request allows (`mcp::list`).
     pub mcp_fast_list: bool,
@@ -46,6 +48,15 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// What an access token must say to be accepted here.
+    pub fn expected_token(&self) -> crate::auth::token::Expected<'_> {
+        crate::auth::token::Expected {
+            issuer: &self.issuer,
+            audience: &self.audience,
+            leeway_secs: self.token_leeway_secs,
+        }
+    }
+
     pub fn from_args(args: &ServeArgs) -> anyhow::Result<Self> {
         if args.dev_agent.is_some() && !args.bind.ip().is_loopback() {
             anyhow::bail!(
@@ -93,7 +104,8 @@ impl Settings {
             tools_dir: args.tools_dir.clone(),
             dev_agent: args.dev_agent.clone(),
             admin_token: args.admin_token.clone().filter(|t| !t.is_empty()),
-            token_ttl: Duration::from_secs(args.token_ttl_secs.clamp(30, 86_400)),
+            token_ttl: Duration::from_secs(args.token_ttl_secs.clamp(5, 86_400)),
+            token_leeway_secs: args.token_leeway_secs.min(300),
             page_size: args.page_size.clamp(1, 1000),
             mcp_fast_list: args.mcp_fast_list == crate::config::OnOff::On,
             search_token_budget: args.search_token_budget,

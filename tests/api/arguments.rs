@@ -537,7 +537,9 @@ async fn rule_check_cost(pool: PgPool) {
         client_id: "c".into(),
         jti: None,
         person: None,
-        prefixes: vec![toolgate::policy::GrantTarget::parse("bench").unwrap()],
+        scope: toolgate::policy::TokenScope::Only(vec![
+            toolgate::policy::GrantTarget::parse("bench").unwrap(),
+        ]),
     };
     let tool = snapshot.resolve(&principal, "bench__echo").unwrap();
     let narrowing = tool

@@ -48,7 +48,7 @@ async fn a_token_carries_the_contract_claims(pool: PgPool) {
     assert_eq!(claims["iss"], "http://127.0.0.1:8787");
     assert_eq!(claims["aud"], "http://127.0.0.1:8787/mcp");
     assert_eq!(claims["tool_prefixes"], json!(["search__"]));
-    assert_eq!(claims["scope"], "tools:search");
+    assert_eq!(claims["scope"], "tools");
     let lifetime = claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap();
     assert_eq!(lifetime, 900);
     assert!(
@@ -264,6 +264,16 @@ async fn token_attacks_are_refused_with_401(pool: PgPool) {
         assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{name} was accepted");
         let challenge = r.headers["www-authenticate"].to_str().unwrap();
         assert!(challenge.contains("resource_metadata=\"http://127.0.0.1:8787/.well-known/oauth-protected-resource/mcp\""), "{challenge}");
+        assert!(
+            challenge.contains("error=\"invalid_token\""),
+            "{name}: {challenge}"
+        );
+        let said = if *name == "expired" { "expired" } else { "" };
+        assert!(
+            challenge.contains(&format!("error_description=\"{said}")),
+            "{name}: {challenge}"
+        );
+        assert_eq!(r.body["error"], "invalid_token", "{name}");
     }
     let none = app.mcp(None, "tools/list", json!({})).await;
     assert_eq!(
@@ -271,6 +281,10 @@ async fn token_attacks_are_refused_with_401(pool: PgPool) {
         StatusCode::UNAUTHORIZED,
         "no token was accepted"
     );
+    // No token is not an invalid one (RFC 6750 §3.1): the challenge only says where to get one.
+    let challenge = none.headers["www-authenticate"].to_str().unwrap();
+    assert!(!challenge.contains("error="), "{challenge}");
+    assert!(challenge.contains("scope=\"tools\""), "{challenge}");
 
     // The good token still works, until revoked.
     assert_eq!(
@@ -319,49 +333,143 @@ async fn token_attacks_are_refused_with_401(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
-async fn grants_are_live_and_new_ones_come_with_the_next_token(pool: PgPool) {
+async fn a_grant_added_reaches_a_token_that_follows_the_grants_and_never_a_narrowed_one(
+    pool: PgPool,
+) {
     let app = TestApp::new(pool).await;
     let (id, secret) = app.client_for("assistant").await;
-    let old = app.token_with(&id, &secret).await;
-
-    let added = app
-        .admin(
-            "POST",
-            "/api/v1/agents/assistant/grants",
-            Some(json!({"target": "weather"})),
+    let live = app.token_with(&id, &secret).await;
+    let narrowed = app
+        .token_request(
+            &[
+                ("grant_type", "client_credentials"),
+                ("scope", "tools:search"),
+            ],
+            Some((&id, &secret)),
         )
         .await;
-    assert_eq!(added.status, StatusCode::CREATED, "{}", added.text);
-    assert_eq!(added.body["matched_tools"], 2);
+    assert_eq!(narrowed.status, StatusCode::OK, "{}", narrowed.text);
+    assert_eq!(narrowed.body["scope"], "tools:search");
+    let narrowed = narrowed.body["access_token"].as_str().unwrap().to_owned();
+
+    // Added in the admin UI, as an admin would: the existing token sees it on its next request.
+    let mut b = crate::web::Browser::signed_in(&app, "ada", "admin").await;
+    let added = b
+        .submit(
+            "/admin/grants/new",
+            "/admin/grants",
+            &[
+                ("agent", "assistant"),
+                ("target", "weather"),
+                ("action", "save"),
+            ],
+        )
+        .await;
+    assert!(
+        added.status.is_redirection() || added.status.is_success(),
+        "{}",
+        added.text
+    );
+    let page = b.get("/admin/agents/assistant").await;
+    assert!(
+        page.text.contains("data-grant-reach") && page.text.contains("next request"),
+        "the agent page does not say which tokens see a grant"
+    );
+    let all = [
+        "search__get",
+        "search__query",
+        "weather__current",
+        "weather__forecast",
+    ];
     assert_eq!(
-        app.tool_names(&old).await,
+        app.tool_names(&live).await,
+        all,
+        "a token issued before the grant did not see it"
+    );
+    let call = app
+        .call(&live, "weather__current", json!({"city": "Paris"}))
+        .await;
+    assert!(call.body["error"].is_null(), "{}", call.text);
+    assert_eq!(
+        app.tool_names(&narrowed).await,
         ["search__get", "search__query"],
-        "an old token gained a grant it never carried"
+        "a token issued for tools:search widened"
     );
-    let new = app.token_with(&id, &secret).await;
-    assert_eq!(
-        app.tool_names(&new).await,
-        [
-            "search__get",
-            "search__query",
-            "weather__current",
-            "weather__forecast"
-        ]
-    );
+    let call = app
+        .call(&narrowed, "weather__current", json!({"city": "Paris"}))
+        .await;
+    assert_eq!(call.body["error"]["code"], -32602, "{}", call.text);
 
     let removed = app
         .admin("DELETE", "/api/v1/agents/assistant/grants/weather", None)
         .await;
     assert_eq!(removed.status, StatusCode::NO_CONTENT);
     assert_eq!(
-        app.tool_names(&new).await,
+        app.tool_names(&live).await,
         ["search__get", "search__query"],
         "a removed grant is still visible"
     );
     let call = app
-        .call(&new, "weather__current", json!({"city": "Paris"}))
+        .call(&live, "weather__current", json!({"city": "Paris"}))
         .await;
     assert_eq!(call.body["error"]["code"], -32602);
+
+    // The API says the same when a grant is added.
+    let added = app
+        .admin(
+            "POST",
+            "/api/v1/agents/assistant/grants",
+            Some(json!({"target": "weather__current"})),
+        )
+        .await;
+    assert_eq!(added.status, StatusCode::CREATED, "{}", added.text);
+    assert!(
+        added.body["reaches"]
+            .as_str()
+            .is_some_and(|r| r.contains("next request")),
+        "{}",
+        added.text
+    );
+    assert_eq!(
+        app.tool_names(&live).await,
+        ["search__get", "search__query", "weather__current"]
+    );
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn scopes_are_published_generic_and_openid_ones_are_ignored(pool: PgPool) {
+    let app = TestApp::new(pool).await;
+    let (id, secret) = app.client_for("assistant").await;
+    for doc in [
+        "/.well-known/oauth-protected-resource/mcp",
+        "/.well-known/oauth-authorization-server",
+    ] {
+        let r = app.get(doc, None).await;
+        assert_eq!(r.body["scopes_supported"], json!(["tools"]), "{doc}");
+    }
+    let asked = |scope: &'static str| {
+        let (id, secret) = (id.clone(), secret.clone());
+        let app = &app;
+        async move {
+            app.token_request(
+                &[("grant_type", "client_credentials"), ("scope", scope)],
+                Some((&id, &secret)),
+            )
+            .await
+        }
+    };
+    let r = asked("openid email profile offline_access").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.body["scope"], "tools");
+    let r = asked("openid tools:search").await;
+    assert_eq!(r.body["scope"], "tools:search", "{}", r.text);
+    let r = asked("tools").await;
+    assert_eq!(r.body["scope"], "tools", "{}", r.text);
+    let r = asked("tools:weather").await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.body["error"], "invalid_scope");
+    let r = asked("admin").await;
+    assert_eq!(r.body["error"], "invalid_scope");
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
@@ -422,10 +530,16 @@ async fn a_token_not_yet_valid_or_issued_in_the_future_is_refused(pool: PgPool) 
     let mut future_iat = claims.clone();
     future_iat["iat"] = json!(now + 3600);
     let mut within_leeway = claims.clone();
-    within_leeway["nbf"] = json!(now + 30);
-    within_leeway["iat"] = json!(now + 30);
+    within_leeway["nbf"] = json!(now + 3);
+    within_leeway["iat"] = json!(now + 3);
+    let mut past_leeway = claims.clone();
+    past_leeway["iat"] = json!(now + 30);
 
-    for (name, c) in [("nbf in an hour", &later), ("iat in an hour", &future_iat)] {
+    for (name, c) in [
+        ("nbf in an hour", &later),
+        ("iat in an hour", &future_iat),
+        ("iat 30 s ahead, past the 5 s leeway", &past_leeway),
+    ] {
         let token = forge(&pool, None, c).await;
         let r = app.get("/openapi.json", Some(&token)).await;
         assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{name} was accepted");
@@ -437,7 +551,7 @@ async fn a_token_not_yet_valid_or_issued_in_the_future_is_refused(pool: PgPool) 
             "{name} was accepted on /mcp"
         );
     }
-    // Clocks a little apart still work: the leeway is documented as 60 s.
+    // Clocks a little apart still work: the leeway is documented as 5 s by default.
     let skewed = forge(&pool, None, &within_leeway).await;
     assert_eq!(
         app.get("/openapi.json", Some(&skewed)).await.status,
@@ -515,10 +629,12 @@ async fn a_remembered_token_still_expires_and_dies_with_its_key(pool: PgPool) {
     let good = app.token_for("assistant").await;
     let (_, claims, _) = parts(&good);
 
-    // Expired 55 s ago: inside the 60 s clock leeway for a few seconds more.
+    // Expired 2 s ago: inside the clock leeway (5 s by default) for a few seconds more.
+    let leeway = app.state.settings.token_leeway_secs as i64;
+    assert_eq!(leeway, 5, "the documented default leeway");
     let now = chrono::Utc::now().timestamp();
     let mut late = claims.clone();
-    late["exp"] = json!(now - 55);
+    late["exp"] = json!(now - 2);
     late["jti"] = json!(uuid::Uuid::new_v4().to_string());
     let late = forge(&pool, None, &late).await;
     assert_eq!(
@@ -527,14 +643,21 @@ async fn a_remembered_token_still_expires_and_dies_with_its_key(pool: PgPool) {
     );
     assert!(!app.state.verified_tokens.is_empty());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while chrono::Utc::now().timestamp() <= now + 6 {
+    // The clock is what is awaited here: the token must be seen past exp + leeway.
+    while chrono::Utc::now().timestamp() <= now - 2 + leeway {
         assert!(std::time::Instant::now() < deadline);
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
+    let refused = app.get("/openapi.json", Some(&late)).await;
     assert_eq!(
-        app.get("/openapi.json", Some(&late)).await.status,
+        refused.status,
         StatusCode::UNAUTHORIZED,
         "a remembered token was accepted after it expired"
+    );
+    let challenge = refused.headers["www-authenticate"].to_str().unwrap();
+    assert!(
+        challenge.contains("error=\"invalid_token\", error_description=\"expired\""),
+        "{challenge}"
     );
 
     // Two rotations: its key is no longer published, nor trusted.
@@ -565,16 +688,16 @@ async fn token_check_cost(pool: PgPool) {
     let app = TestApp::new(pool).await;
     let token = app.token_for("assistant").await;
     let snapshot = app.state.policy.load();
-    let (issuer, audience) = (&app.state.settings.issuer, &app.state.settings.audience);
+    let expected = app.state.settings.expected_token();
     let cache = toolgate::auth::token::VerifiedTokens::default();
     let mut full = Vec::new();
     let mut remembered = Vec::new();
     for _ in 0..5000 {
         let t = std::time::Instant::now();
-        toolgate::auth::token::verify(&token, &snapshot, issuer, audience).unwrap();
+        toolgate::auth::token::verify(&token, &snapshot, &expected).unwrap();
         full.push(t.elapsed().as_secs_f64() * 1e6);
         let t = std::time::Instant::now();
-        cache.verify(&token, &snapshot, issuer, audience).unwrap();
+        cache.verify(&token, &snapshot, &expected).unwrap();
         remembered.push(t.elapsed().as_secs_f64() * 1e6);
     }
     full.sort_by(f64::total_cmp);

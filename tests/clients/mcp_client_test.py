@@ -136,12 +136,11 @@ class Gateway:
         expect("client_id" in body and "client_secret" in body, f"no client_id/client_secret in {body}")
         return body
 
-    async def token(self, cred: dict[str, str]) -> str:
-        r = await self.http.post(
-            f"{self.base}/oauth/token",
-            auth=(cred["client_id"], cred["client_secret"]),
-            data={"grant_type": "client_credentials", "resource": self.mcp_url},
-        )
+    async def token(self, cred: dict[str, str], scope: str | None = None) -> str:
+        data = {"grant_type": "client_credentials", "resource": self.mcp_url}
+        if scope is not None:
+            data["scope"] = scope
+        r = await self.http.post(f"{self.base}/oauth/token", auth=(cred["client_id"], cred["client_secret"]), data=data)
         expect(r.status_code == 200, f"POST /oauth/token -> {r.status_code} {r.text}")
         return r.json()["access_token"]
 
@@ -251,39 +250,38 @@ async def run_mode(gw: Gateway, mode: str, assistant: dict[str, str], meteo: dic
         async with check(f"{tag} meteo lists exactly {WEATHER_TOOLS}"):
             await expect_tools(client, WEATHER_TOOLS)
 
-    # Grants: the token carries the prefixes granted at issuance, the live grants narrow them.
+    # Grants: a token issued without a narrower scope follows the live grants, additions
+    # included; a token issued for explicit scopes never widens.
     await gw.remove_grant("assistant", "weather", missing_ok=True)
     old_token = await gw.token(assistant)
+    narrow_token = await gw.token(assistant, scope="tools:search")
     try:
+        async with check(f"{tag} a token issued with no scope says scope `tools`, one for tools:search says so"):
+            expect(jwt_claims(old_token).get("scope") == "tools", f"scope={jwt_claims(old_token).get('scope')!r}")
+            expect(jwt_claims(narrow_token).get("scope") == "tools:search", f"scope={jwt_claims(narrow_token).get('scope')!r}")
         async with check(f"{tag} admin API adds grant `weather` to assistant"):
             await gw.add_grant("assistant", "weather")
 
         async with connect(gw.mcp_url, mode, old_token) as client:
-            async with check(f"{tag} OLD token after the grant still lists only {SEARCH_TOOLS}"):
-                await expect_tools(client, SEARCH_TOOLS)
-            async with check(f"{tag} OLD token after the grant still cannot call weather__current"):
-                await expect_unknown_tool(client, "weather__current", {"city": "Paris"})
-
-        new_token = await gw.token(assistant)
-        async with check(f"{tag} NEW token carries the weather prefix"):
-            old_p = jwt_claims(old_token).get("tool_prefixes")
-            new_p = jwt_claims(new_token).get("tool_prefixes")
-            expect(isinstance(new_p, list) and any(p.startswith("weather") for p in new_p), f"new tool_prefixes={new_p}")
-            expect(isinstance(old_p, list) and not any(p.startswith("weather") for p in old_p), f"old tool_prefixes={old_p}")
-
-        async with connect(gw.mcp_url, mode, new_token) as client:
-            async with check(f"{tag} NEW token lists {SEARCH_TOOLS + WEATHER_TOOLS}"):
+            async with check(f"{tag} a token issued BEFORE the grant lists {SEARCH_TOOLS + WEATHER_TOOLS} on its next request"):
                 await expect_tools(client, SEARCH_TOOLS + WEATHER_TOOLS)
-            async with check(f"{tag} NEW token calls weather__current {{city: Paris}}"):
+            async with check(f"{tag} a token issued BEFORE the grant calls weather__current {{city: Paris}}"):
                 res = await client.call_tool("weather__current", {"city": "Paris"})
                 expect(res.is_error is False, f"is_error={res.is_error}, content={res.content!r}")
 
+        async with connect(gw.mcp_url, mode, narrow_token) as client:
+            async with check(f"{tag} a token issued for tools:search still lists only {SEARCH_TOOLS}"):
+                await expect_tools(client, SEARCH_TOOLS)
+            async with check(f"{tag} a token issued for tools:search still cannot call weather__current"):
+                await expect_unknown_tool(client, "weather__current", {"city": "Paris"})
+
+        async with connect(gw.mcp_url, mode, old_token) as client:
             async with check(f"{tag} admin API removes grant `weather` from assistant"):
                 await gw.remove_grant("assistant", "weather")
-            # Same connection, same (new) token: the very next request must no longer see weather.
-            async with check(f"{tag} right after removal, NEW token lists only {SEARCH_TOOLS}"):
+            # Same connection, same token: the very next request must no longer see weather.
+            async with check(f"{tag} right after removal, the token lists only {SEARCH_TOOLS}"):
                 await expect_tools(client, SEARCH_TOOLS)
-            async with check(f"{tag} right after removal, NEW token cannot call weather__current"):
+            async with check(f"{tag} right after removal, the token cannot call weather__current"):
                 await expect_unknown_tool(client, "weather__current", {"city": "Paris"})
     finally:
         await gw.remove_grant("assistant", "weather", missing_ok=True)
