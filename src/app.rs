@@ -58,7 +58,7 @@ impl Surfaces {
 pub fn router(state: AppState, surfaces: Surfaces) -> Router {
     Router::new()
         .merge(http::ops_router())
-        .merge(oauth::router())
+        .merge(oauth::router(state.settings.registration))
         .nest("/api/v1", api::router(state.clone()))
         .merge(rest::router(state.clone()))
         .merge(mcp::router(state.clone()))

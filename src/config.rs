@@ -129,6 +129,11 @@ pub struct ServeArgs {
     /// addresses (local development and tests only: it opens the fetch to the inside network).
     #[arg(long, env = "TOOLGATE_OAUTH_CIMD_ALLOW_PRIVATE")]
     pub oauth_cimd_allow_private: bool,
+    /// Dynamic Client Registration (RFC 7591) at `/oauth/register`, which `mcp-remote` and
+    /// desktop hosts need: `held` (a registration waits for an admin's approval before its
+    /// first sign-in), `open` (usable at once; for trusted networks), `off` (no endpoint).
+    #[arg(long, env = "TOOLGATE_OAUTH_REGISTRATION", default_value = "held")]
+    pub oauth_registration: Registration,
     /// Bearer token for the JSON admin API (/api/v1).
     #[arg(long, env = "TOOLGATE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
@@ -262,6 +267,17 @@ pub struct ServeArgs {
     /// vectors are fused with the word ranker. Without it, search is the word ranker alone.
     #[arg(long, env = "TOOLGATE_SEARCH_EMBEDDINGS")]
     pub search_embeddings: Option<std::path::PathBuf>,
+}
+
+/// How `/oauth/register` treats a host that registers itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Registration {
+    /// No registration endpoint: hosts use a metadata document or a client an admin made.
+    Off,
+    /// Registered, then held until an admin approves it.
+    Held,
+    /// Registered and usable at once.
+    Open,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -24,6 +24,10 @@ pub(super) fn routes() -> Router<AppState> {
             "/public-clients/{client_id}",
             put(put_public_client).delete(delete_public_client),
         )
+        .route(
+            "/public-clients/{client_id}/approve",
+            post(approve_public_client),
+        )
         .route("/authorizations", get(list_authorizations))
         .route("/authorizations/{id}", delete(revoke_authorization))
         .route("/tokens/revoke", post(revoke_token))
@@ -104,6 +108,18 @@ async fn put_public_client(
     )
     .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Approves a host's held registration (`--oauth-registration held`).
+async fn approve_public_client(
+    State(state): State<AppState>,
+    Path(client_id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    service::clients::approve_public(&state, API_ACTOR, &client_id).await?;
+    let client = crate::db::public_clients::public_client_by_id(&state.db, &client_id)
+        .await
+        .map_err(ServiceError::from)?;
+    Ok(Json(json!({"public_client": client})))
 }
 
 async fn delete_public_client(

@@ -10,6 +10,7 @@
 //! built here: a redirect carrying the error or code, or a bare page.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -39,6 +40,19 @@ pub async fn admit(state: &AppState, origin: Option<&RequestOrigin>) -> Result<(
     }
 }
 
+/// Admits one dynamic client registration from `source`, or says how long to wait: each one
+/// writes a row, so an address gets a few, then one every few minutes.
+pub async fn admit_registration(state: &AppState, source: Option<IpAddr>) -> Result<(), Duration> {
+    match state
+        .limits
+        .take(LimitedAction::Registration { source })
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(refusal) => Err(refusal.retry_after()),
+    }
+}
+
 /// Life of an authorization code.
 pub const CODE_TTL_SECS: i64 = 60;
 /// Longest authorize query accepted.
@@ -53,13 +67,17 @@ pub struct Client {
     /// The host part of a metadata-document client id; `None` for a registered client.
     pub url_host: Option<String>,
     pub redirect_uris: Vec<String>,
+    /// Whether an admin looked at this client's redirect URIs: they made it, or approved the
+    /// host's own registration. A client registered with `--oauth-registration open` has
+    /// only its own word for them.
+    pub vetted: bool,
 }
 
 impl Client {
     /// Whether errors may be sent to this client's redirect URI without the person choosing
     /// to go there: only when an admin registered the client (and so vetted its URIs).
     pub fn redirects_trusted(&self) -> bool {
-        self.url_host.is_none()
+        self.url_host.is_none() && self.vetted
     }
 }
 
@@ -211,13 +229,26 @@ async fn find_client(state: &AppState, client_id: &str) -> Result<Client, String
             name: m.client_name.clone(),
             url_host: host,
             redirect_uris: m.redirect_uris.clone(),
+            vetted: false,
         });
     }
     if client_id.len() > 128 {
         return Err("unknown client".into());
     }
     match db::public_clients::public_client_by_id(&state.db, client_id).await {
+        // Never redirected: until an admin approved it, its redirect URIs are its own word.
+        Ok(Some(c)) if c.is_held() => {
+            if c.expires_at.is_some_and(|t| t < chrono::Utc::now()) {
+                Err("This application's registration expired before an administrator approved it. Connect it again to register anew.".into())
+            } else {
+                Err(format!(
+                    "This application (\"{}\", client {}) registered itself and waits for an administrator's approval. Ask an administrator to approve it under Host applications in toolgate's admin pages, then reload this page.",
+                    c.client_name, c.client_id
+                ))
+            }
+        }
         Ok(Some(c)) => Ok(Client {
+            vetted: !c.is_dynamic() || c.approved_by.is_some(),
             client_id: c.client_id,
             name: c.client_name,
             url_host: None,

@@ -97,6 +97,9 @@ pub enum LimitedAction<'a> {
     InvalidBearer { source: Option<IpAddr> },
     /// A request to the token or authorize endpoint from `source`, however it ends.
     TokenRequest { source: Option<IpAddr> },
+    /// A host registering itself at `/oauth/register` from `source` (RFC 7591): each one
+    /// writes a row, so a source gets a few, then one every few minutes.
+    Registration { source: Option<IpAddr> },
     /// A sign-in attempt from `source` for `account`, right or wrong; `None` before an
     /// identity provider has named the account.
     SignIn {
@@ -138,6 +141,7 @@ pub struct RateLimits {
     agents: Mutex<HashMap<Key, (RateLimitRecord, Arc<DefaultDirectRateLimiter>)>>,
     shared: Option<Arc<SharedStore>>,
     token_ip: DefaultKeyedRateLimiter<IpAddr>,
+    registrations_by_ip: DefaultKeyedRateLimiter<IpAddr>,
     failed_by_ip: Arc<Failures<IpAddr>>,
     /// Keyed by a keyed hash of the client id: a stranger's 10,000 made-up client ids cost
     /// eight bytes each here, not their text.
@@ -165,6 +169,9 @@ const MAX_TRACKED: usize = 100_000;
 /// Sources remembered as having authenticated a client, and for how long.
 const MAX_KNOWN_GOOD: usize = 10_000;
 const KNOWN_GOOD_FOR: Duration = Duration::from_secs(24 * 3600);
+/// Dynamic client registrations one source may make at once, then one more per interval:
+/// a host registers once per install, so a handful is plenty, and each writes a row.
+pub const REGISTRATIONS_PER_IP: (u32, Duration) = (5, Duration::from_secs(360));
 /// Token-endpoint sources remembered before idle ones are forgotten (besides the periodic
 /// shrink).
 const MAX_TOKEN_SOURCES: usize = 100_000;
@@ -339,6 +346,13 @@ impl RateLimits {
             agents: Mutex::new(HashMap::new()),
             shared: shared.map(Arc::new),
             token_ip: RateLimiter::keyed(quota(token_per_second, token_burst)),
+            registrations_by_ip: RateLimiter::keyed(
+                Quota::with_period(REGISTRATIONS_PER_IP.1)
+                    .unwrap_or_else(|| Quota::per_hour(NonZeroU32::MIN))
+                    .allow_burst(
+                        NonZeroU32::new(REGISTRATIONS_PER_IP.0).unwrap_or(NonZeroU32::MIN),
+                    ),
+            ),
             failed_by_ip: Arc::new(Failures::new(FAILURES_PER_IP)),
             failed_by_client: Failures::new(FAILURES_PER_CLIENT),
             client_hasher: std::collections::hash_map::RandomState::new(),
@@ -379,6 +393,14 @@ impl RateLimits {
                     .check_token_ip(ip)
                     .map(|()| Taken::nothing())
                     .map_err(Refusal::Exhausted),
+                None => Ok(Taken::nothing()),
+            },
+            LimitedAction::Registration { source } => match source {
+                Some(ip) => self
+                    .check_registration_ip(ip)
+                    .map(|()| Taken::nothing())
+                    .map_err(Refusal::Exhausted),
+                // No address (a Unix socket): the cap on unused registrations still holds.
                 None => Ok(Taken::nothing()),
             },
             LimitedAction::SignIn { source, account } => self
@@ -571,9 +593,19 @@ impl RateLimits {
             .map_err(|n| n.wait_time_from(self.clock.now()))
     }
 
+    fn check_registration_ip(&self, ip: IpAddr) -> Result<(), Duration> {
+        if self.registrations_by_ip.len() >= MAX_TOKEN_SOURCES {
+            self.registrations_by_ip.retain_recent();
+        }
+        self.registrations_by_ip
+            .check_key(&source_key(ip))
+            .map_err(|n| n.wait_time_from(self.clock.now()))
+    }
+
     /// Forgets idle keys so memory stays bounded.
     pub fn shrink(&self) {
         self.token_ip.retain_recent();
+        self.registrations_by_ip.retain_recent();
         let now = Instant::now();
         self.failed_by_ip.shrink(now);
         self.failed_by_client.shrink(now);

@@ -3,6 +3,7 @@
 //! the authorization-code grant for interactive hosts ([`authorize`], [`cimd`]).
 
 pub mod authorize;
+pub mod register;
 
 use std::collections::HashMap;
 
@@ -24,8 +25,18 @@ use crate::auth::token::{AccessClaims, sign};
 use crate::db;
 use crate::state::AppState;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
+pub fn router(registration: crate::config::Registration) -> Router<AppState> {
+    let router = Router::new();
+    let router = if registration == crate::config::Registration::Off {
+        router
+    } else {
+        router.route(
+            "/oauth/register",
+            post(register::register)
+                .layer(axum::extract::DefaultBodyLimit::max(register::MAX_BODY)),
+        )
+    };
+    router
         .route("/oauth/token", post(token))
         .route("/oauth/revoke", post(revoke))
         .route("/oauth/introspect", post(introspect))
@@ -454,7 +465,7 @@ async fn introspect(
 
 async fn as_metadata(State(state): State<AppState>) -> Json<Value> {
     let i = &state.settings.issuer;
-    Json(json!({
+    let mut metadata = json!({
         "issuer": i,
         "token_endpoint": format!("{i}/oauth/token"),
         "jwks_uri": format!("{i}/.well-known/jwks.json"),
@@ -476,7 +487,11 @@ async fn as_metadata(State(state): State<AppState>) -> Json<Value> {
         "code_challenge_methods_supported": ["S256"],
         "client_id_metadata_document_supported": true,
         "authorization_response_iss_parameter_supported": true,
-    }))
+    });
+    if state.settings.registration != crate::config::Registration::Off {
+        metadata["registration_endpoint"] = json!(format!("{i}/oauth/register"));
+    }
+    Json(metadata)
 }
 
 async fn resource_metadata(State(state): State<AppState>) -> Json<Value> {

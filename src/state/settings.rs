@@ -43,6 +43,8 @@ pub struct Settings {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Client ID Metadata Documents may be fetched from inside addresses (development only).
     pub cimd_allow_private: bool,
+    /// What `/oauth/register` does with a host that registers itself.
+    pub registration: crate::config::Registration,
     /// Timeouts, connection and audit-row bounds for clients that proved nothing.
     pub perimeter: crate::config::PerimeterArgs,
 }
@@ -140,6 +142,7 @@ impl Settings {
             instance: crate::audit::instance_name().to_owned(),
             trusted_proxies: args.trusted_proxies.clone(),
             cimd_allow_private: args.oauth_cimd_allow_private,
+            registration: args.oauth_registration,
             perimeter: args.perimeter.clone(),
         })
     }

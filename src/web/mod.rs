@@ -16,6 +16,7 @@ mod consent;
 mod dashboard;
 mod error;
 mod grants;
+mod hosts;
 mod limits;
 mod pins;
 pub mod session;
@@ -145,6 +146,15 @@ pub fn router<S>(app: AppState, config: Config) -> Router<S> {
         .route(
             "/agents/{name}/users/remove",
             axum::routing::post(authorizations::remove_user),
+        )
+        .route("/hosts", get(hosts::index))
+        .route(
+            "/hosts/{client_id}/approve",
+            axum::routing::post(hosts::approve),
+        )
+        .route(
+            "/hosts/{client_id}/delete",
+            axum::routing::post(hosts::delete),
         )
         .route("/authorizations", get(authorizations::index))
         .route(

@@ -24,6 +24,7 @@ pub enum Nav {
     Limits,
     Audit,
     Accounts,
+    Hosts,
 }
 
 /// One link of the navigation bar.
@@ -119,6 +120,7 @@ impl Ctx {
             (Nav::Limits, "/admin/limits", "Rate limits"),
             (Nav::Audit, "/admin/audit", "Audit log"),
             (Nav::Accounts, "/admin/accounts", "Accounts"),
+            (Nav::Hosts, "/admin/hosts", "Host applications"),
         ];
         PageCtx {
             title: title.into(),

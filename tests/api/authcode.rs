@@ -901,7 +901,11 @@ async fn metadata_advertises_exactly_what_is_supported(pool: PgPool) {
             .unwrap()
             .contains(&json!("none"))
     );
-    assert!(m.get("registration_endpoint").is_none());
+    // Hosts register themselves (held for an admin by default: tests/api/registration.rs).
+    assert_eq!(
+        m["registration_endpoint"],
+        json!("http://127.0.0.1:8787/oauth/register")
+    );
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]

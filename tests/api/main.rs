@@ -24,6 +24,7 @@ mod perimeter;
 mod pins;
 mod policy;
 mod redaction;
+mod registration;
 mod reload;
 mod rest;
 mod sandbox;
