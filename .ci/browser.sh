@@ -2,7 +2,8 @@
 # The admin UI in a real browser: installs what the browser tests need (Debian's chromium and
 # chromium-driver when missing, playwright-core, the MCP TypeScript SDK and the test OpenID
 # Provider (oidc-provider) from their lockfiles; no browser download), builds toolgate, and runs
-# every tests/browser/*.test.mjs with node's test runner (oauth-host: a host signing a person in
+# every tests/browser/*.test.mjs with node's test runner (mcp-remote: the bridge desktop hosts run,
+# registering itself and held for an admin; oauth-host: a host signing a person in
 # through the SDK). Exits non-zero on any failure. Screenshots land in $SCREENSHOT_DIR (default
 # target/browser-screenshots).
 #

@@ -99,17 +99,39 @@ fn origin(ctx: &RequestContext<RoleServer>) -> Option<RequestOrigin> {
         .cloned()
 }
 
-/// JSON-RPC error code for a rate-limited request (outside the reserved -32768..-32000).
-pub const RATE_LIMITED: i32 = 429;
+/// JSON-RPC error code of a rate-limited request that is not a tool call (`tools/list`,
+/// `prompts/get`...): in the range JSON-RPC 2.0 leaves to servers (-32000 to -32099), with
+/// `data.retry_after_ms`. A rate-limited tool call is a tool error instead (see
+/// [`rate_limited_call`]).
+pub const RATE_LIMITED: i32 = -32029;
+
+/// Milliseconds to wait, rounded up as the REST surface's `Retry-After` is: never an
+/// invitation to come back early.
+fn retry_ms(retry_after: std::time::Duration) -> u64 {
+    retry_after.as_micros().div_ceil(1000).max(1) as u64
+}
 
 fn rate_limited(retry_after: std::time::Duration) -> McpError {
-    // Rounded up, as the REST surface's `Retry-After` is: never an invitation to come back early.
-    let ms = retry_after.as_micros().div_ceil(1000).max(1) as u64;
+    let ms = retry_ms(retry_after);
     McpError::new(
         rmcp::model::ErrorCode(RATE_LIMITED),
         format!("rate limited: retry after {ms} ms"),
         Some(serde_json::json!({"retry_after_ms": ms})),
     )
+}
+
+/// A rate-limited tool call, as a tool error the model reads (and may wait on) rather than a
+/// protocol error agent frameworks turn into an exception that ends the run; `_meta` carries
+/// the wait for clients that act on it.
+fn rate_limited_call(retry_after: std::time::Duration) -> CallToolResponse {
+    let ms = retry_ms(retry_after);
+    let mut result = CallToolResult::error(vec![ContentBlock::text(format!(
+        "rate limited: this agent may not call this tool again yet; retry after {ms} ms"
+    ))]);
+    let mut meta = serde_json::Map::new();
+    meta.insert("retry_after_ms".into(), json!(ms));
+    result.meta = Some(rmcp::model::MetaObject(meta));
+    result.into()
 }
 
 fn refused(r: Refused) -> McpError {
@@ -393,6 +415,7 @@ async fn call(
             );
             Ok(tool_error(text))
         }
+        Err(Refused::RateLimited { retry_after }) => Ok(rate_limited_call(retry_after)),
         Err(r) => Err(refused(r)),
         Ok(done) => Ok(done.outcome.into_mcp_result().into()),
     }
@@ -404,7 +427,11 @@ async fn search_tools(
     gate: &Gate<'_>,
     args: &serde_json::Map<String, Value>,
 ) -> Result<CallToolResponse, McpError> {
-    gate.admit(EventKind::ToolsSearch).await.map_err(refused)?;
+    match gate.admit(EventKind::ToolsSearch).await {
+        Ok(()) => {}
+        Err(Refused::RateLimited { retry_after }) => return Ok(rate_limited_call(retry_after)),
+        Err(r) => return Err(refused(r)),
+    }
     let request = match search::parse_search(args) {
         Ok(r) => r,
         Err(message) => return Ok(tool_error(message)),

@@ -277,9 +277,10 @@ async fn a_burst_beyond_the_limit_is_refused_and_other_agents_are_unaffected(poo
     assert_eq!(statuses[1].status, StatusCode::BAD_REQUEST);
     assert_eq!(statuses[2].status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(statuses[2].headers["retry-after"], "1");
-    assert_eq!(mcp.body["error"]["code"], 429, "{}", mcp.text);
+    // A rate-limited call is a tool error the model reads, with the wait in `_meta`.
+    assert_eq!(mcp.body["result"]["isError"], true, "{}", mcp.text);
     assert!(
-        mcp.body["error"]["data"]["retry_after_ms"]
+        mcp.body["result"]["_meta"]["retry_after_ms"]
             .as_u64()
             .unwrap()
             > 0

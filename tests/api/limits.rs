@@ -50,8 +50,16 @@ async fn set_limits(app: &TestApp, agent: &str, limits: Value) {
     assert!(r.status.is_success(), "{}", r.text);
 }
 
+/// REST: 429. MCP: a tool error with `_meta.retry_after_ms` for a call, the server-range
+/// JSON-RPC error with `data.retry_after_ms` for anything else.
 fn is_rate_limited(r: &crate::helpers::Reply) -> bool {
-    r.status == StatusCode::TOO_MANY_REQUESTS || r.body["error"]["code"] == 429
+    r.status == StatusCode::TOO_MANY_REQUESTS
+        || (r.body["error"]["code"] == toolgate::mcp::RATE_LIMITED
+            && r.body["error"]["data"]["retry_after_ms"].as_u64().is_some())
+        || (r.body["result"]["isError"] == true
+            && r.body["result"]["_meta"]["retry_after_ms"]
+                .as_u64()
+                .is_some())
 }
 
 /// `tools/list`s alternating between `a` and `b`, back to back; how many were admitted.
