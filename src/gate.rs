@@ -58,8 +58,12 @@ pub enum Refused {
         tool: Arc<Tool>,
         violations: Vec<String>,
     },
-    /// A rate limit is exhausted; retry after this long.
-    RateLimited { retry_after: Duration },
+    /// A rate limit is exhausted; retry after this long. `policy`: the limit, for the
+    /// `RateLimit` header fields.
+    RateLimited {
+        retry_after: Duration,
+        policy: Option<crate::limits::LimitPolicy>,
+    },
     /// The shared rate-limit store is down and the failure mode is `closed`; retry after
     /// this long.
     LimitsUnavailable { retry_after: Duration },
@@ -298,7 +302,10 @@ impl<'a> Gate<'a> {
                     "rate limited; retry after {} ms",
                     retry_after.as_millis()
                 ));
-                Refused::RateLimited { retry_after }
+                Refused::RateLimited {
+                    retry_after,
+                    policy: crate::limits::refusing_policy(agent, tool, retry_after),
+                }
             }
             Refusal::StoreUnavailable(retry_after) => {
                 e.error = Some("the rate-limit store is unavailable".into());

@@ -451,7 +451,15 @@ mod tests {
     /// them); every one parses back; a word nobody records is an error listing those that are.
     #[test]
     fn kinds_outcomes_and_admin_actions_are_the_stored_words() {
-        assert_eq!(AdminAction::ALL.len(), 31);
+        assert_eq!(AdminAction::ALL.len(), 33);
+        assert_eq!(
+            AdminAction::PublicClientRegister.as_str(),
+            "public_client.register"
+        );
+        assert_eq!(
+            AdminAction::PublicClientApprove.as_str(),
+            "public_client.approve"
+        );
         assert_eq!(AdminAction::GrantCreate.as_str(), "grant.create");
         assert_eq!(AdminAction::AgentUserAdd.as_str(), "agent.user.add");
         assert_eq!(AdminAction::AdminUserDisable.as_str(), "admin_user.disable");

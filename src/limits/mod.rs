@@ -68,6 +68,70 @@ pub enum Refusal {
     StoreUnavailable(Duration),
 }
 
+/// A limit as the IETF rate-limit header fields describe one
+/// (draft-ietf-httpapi-ratelimit-headers): `quota` requests per `window_secs`, that is the
+/// burst, and the time a spent burst takes to come back whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitPolicy {
+    /// `agent` for the agent's own limit, the pattern for a tool's or group's.
+    pub name: String,
+    pub quota: u32,
+    pub window_secs: u64,
+}
+
+impl LimitPolicy {
+    fn of(record: &RateLimitRecord) -> Self {
+        let burst = record.limit.burst();
+        Self {
+            // Patterns are `[a-z0-9_-]` names; anything else could end the quoted string.
+            name: record.pattern.as_ref().map_or_else(
+                || "agent".to_owned(),
+                |p| {
+                    p.to_string()
+                        .chars()
+                        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '*'))
+                        .collect()
+                },
+            ),
+            quota: burst,
+            window_secs: (record.limit.interval().as_secs_f64() * f64::from(burst))
+                .ceil()
+                .max(1.0) as u64,
+        }
+    }
+}
+
+/// Which of `agent`'s limits that apply (to `tool`) refused a request told to wait `wait`.
+/// A refusal's wait is never longer than one interval of the limit that refused it, so that
+/// limit is among those whose interval is at least `wait`; of those, the one earning back
+/// slowest is named. The counters (here or in Redis) report only the wait, so when two
+/// limits both fit, this is the likelier one, not a certainty; `Retry-After` is exact.
+pub fn refusing_policy(
+    agent: &AgentView,
+    tool: Option<&str>,
+    wait: Duration,
+) -> Option<LimitPolicy> {
+    applying(agent, tool)
+        .into_iter()
+        .filter(|l| l.limit.interval() + Duration::from_millis(1) >= wait)
+        .max_by_key(|l| l.limit.interval())
+        .map(LimitPolicy::of)
+}
+
+/// The limits of `agent` a request (a call of `tool`, or none) counts against.
+fn applying<'a>(agent: &'a AgentView, tool: Option<&str>) -> Vec<&'a RateLimitRecord> {
+    agent
+        .record
+        .limits
+        .iter()
+        .filter(|limit| match (&limit.pattern, tool) {
+            (None, _) => true,
+            (Some(p), Some(t)) => p.matches(t),
+            (Some(_), None) => false,
+        })
+        .collect()
+}
+
 impl Refusal {
     /// How long the caller should wait before trying again.
     pub fn retry_after(self) -> Duration {
@@ -544,16 +608,7 @@ impl RateLimits {
     /// [`LimitedAction::Call`], without a [`Taken`] to hold. With a shared store, all of them in one atomic
     /// step there: a request refused by one limit is charged to none.
     pub async fn check(&self, agent: &AgentView, tool: Option<&str>) -> Result<(), Refusal> {
-        let applying: Vec<&RateLimitRecord> = agent
-            .record
-            .limits
-            .iter()
-            .filter(|limit| match (&limit.pattern, tool) {
-                (None, _) => true,
-                (Some(p), Some(t)) => p.matches(t),
-                (Some(_), None) => false,
-            })
-            .collect();
+        let applying = applying(agent, tool);
         if applying.is_empty() {
             return Ok(());
         }

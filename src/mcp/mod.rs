@@ -136,7 +136,7 @@ fn rate_limited_call(retry_after: std::time::Duration) -> CallToolResponse {
 
 fn refused(r: Refused) -> McpError {
     match r {
-        Refused::RateLimited { retry_after } => rate_limited(retry_after),
+        Refused::RateLimited { retry_after, .. } => rate_limited(retry_after),
         Refused::AuditUnavailable(_) => audit_unavailable(),
         Refused::LimitsUnavailable { retry_after } => {
             let ms = retry_after.as_millis().max(1) as u64;
@@ -415,7 +415,7 @@ async fn call(
             );
             Ok(tool_error(text))
         }
-        Err(Refused::RateLimited { retry_after }) => Ok(rate_limited_call(retry_after)),
+        Err(Refused::RateLimited { retry_after, .. }) => Ok(rate_limited_call(retry_after)),
         Err(r) => Err(refused(r)),
         Ok(done) => Ok(done.outcome.into_mcp_result().into()),
     }
@@ -429,7 +429,7 @@ async fn search_tools(
 ) -> Result<CallToolResponse, McpError> {
     match gate.admit(EventKind::ToolsSearch).await {
         Ok(()) => {}
-        Err(Refused::RateLimited { retry_after }) => return Ok(rate_limited_call(retry_after)),
+        Err(Refused::RateLimited { retry_after, .. }) => return Ok(rate_limited_call(retry_after)),
         Err(r) => return Err(refused(r)),
     }
     let request = match search::parse_search(args) {

@@ -173,14 +173,28 @@ fn retry_figures(wait: Duration) -> (u64, u64) {
 fn refused(r: Refused) -> Response {
     match r {
         Refused::UnknownTool(_) => not_found(),
-        Refused::RateLimited { retry_after } => {
+        Refused::RateLimited {
+            retry_after,
+            policy,
+        } => {
             let (secs, ms) = retry_figures(retry_after);
-            (
+            let mut r = (
                 StatusCode::TOO_MANY_REQUESTS,
                 [(header::RETRY_AFTER, secs.to_string())],
                 Json(json!({"error": "rate limited", "retry_after_ms": ms})),
             )
-                .into_response()
+                .into_response();
+            // draft-ietf-httpapi-ratelimit-headers: the limit, and none of it left for `t` s.
+            if let Some(p) = policy {
+                let h = r.headers_mut();
+                if let Ok(v) = format!("\"{}\";q={};w={}", p.name, p.quota, p.window_secs).parse() {
+                    h.insert("ratelimit-policy", v);
+                }
+                if let Ok(v) = format!("\"{}\";r=0;t={secs}", p.name).parse() {
+                    h.insert("ratelimit", v);
+                }
+            }
+            r
         }
         Refused::LimitsUnavailable { retry_after } => {
             let (secs, ms) = retry_figures(retry_after);

@@ -130,6 +130,22 @@ async fn a_call_refused_by_one_limit_is_charged_to_none(pool: PgPool) {
     for _ in 0..3 {
         assert!(is_rate_limited(&call().await));
     }
+    // Over REST the refusal names the tool's limit: 1 request, whole again in 36 s.
+    let rest = app
+        .get("/tools/weather/current?city=Paris", Some(&token))
+        .await;
+    assert_eq!(rest.status, StatusCode::TOO_MANY_REQUESTS, "{}", rest.text);
+    assert_eq!(
+        rest.headers["ratelimit-policy"],
+        "\"weather__current\";q=1;w=36"
+    );
+    let t = &rest.headers["ratelimit"];
+    assert!(
+        t.to_str()
+            .unwrap()
+            .starts_with("\"weather__current\";r=0;t="),
+        "{t:?}"
+    );
     let list = || app.mcp(Some(&token), "tools/list", json!({}));
     assert!(
         !is_rate_limited(&list().await),
@@ -183,6 +199,9 @@ async fn a_fractional_per_minute_limit_gives_its_retry_after(pool: PgPool) {
         assert_eq!(secs, 40, "{r:?}", r = r.text);
         assert!((39_000..=40_000).contains(&ms), "{ms}");
         assert_eq!(secs, ms.div_ceil(1000), "header and body disagree");
+        // The IETF fields: the limit (1 request, whole again in 40 s) and none left for 40 s.
+        assert_eq!(r.headers["ratelimit-policy"], "\"agent\";q=1;w=40");
+        assert_eq!(r.headers["ratelimit"], "\"agent\";r=0;t=40");
         let mcp = app.mcp(Some(&token), "tools/list", json!({})).await;
         let mcp_ms = mcp.body["error"]["data"]["retry_after_ms"]
             .as_u64()
