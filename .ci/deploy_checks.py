@@ -92,6 +92,31 @@ def compose(config_path: str) -> None:
         bool(migrate) and all(after_migration(n) for n in instances),
         str({n: s.get("depends_on") for n, s in instances.items()}),
     )
+    keygen = [n for n, s in services.items() if "audit keygen" in " ".join(s.get("command") or [])]
+    key_paths = {n: s["environment"].get("TOOLGATE_AUDIT_CHECKPOINT_KEY") for n, s in instances.items()}
+
+    def key_mounted(n: str) -> bool:
+        path = key_paths[n]
+        if not path or not keygen:
+            return False
+        gen_vols = {str(v).split(":")[0] if not isinstance(v, dict) else v.get("source") for v in services[keygen[0]].get("volumes", [])}
+        for v in services[n].get("volumes", []):
+            source, target = (v.get("source"), v.get("target")) if isinstance(v, dict) else str(v).split(":")[:2]
+            if source in gen_vols and path.startswith(target.rstrip("/") + "/"):
+                return True
+        return False
+
+    check(
+        "compose: every instance signs checkpoints with the key the keygen service writes, after it ran",
+        len(keygen) == 1
+        and all(key_mounted(n) for n in instances)
+        and all(
+            any(d == keygen[0] and c.get("condition") == "service_completed_successfully" for d, c in (services[n].get("depends_on") or {}).items())
+            or after_migration(n)  # toolgate-b waits for toolgate-a, which waited for the key
+            for n in instances
+        ),
+        f"keygen services {keygen}, key paths {key_paths}",
+    )
     grace = {n: s.get("stop_grace_period") for n, s in instances.items()}
     drain = {n: s["environment"].get("TOOLGATE_DRAIN_TIMEOUT_SECS") for n, s in instances.items()}
 
@@ -165,6 +190,44 @@ def kubernetes() -> None:
         if "secretKeyRef" in e.get("valueFrom", {})
     }
     secret_keys = set(docs[("Secret", "toolgate")]["stringData"])
+    # The migrate Job grants the serving role: the role `serve` connects as.
+    job = docs[("Job", "toolgate-migrate")]["spec"]["template"]["spec"]["containers"][0]
+    job_args = job.get("args", [])
+    serving = job_args[job_args.index("--serving-role") + 1] if "--serving-role" in job_args else None
+    app_url = docs[("Secret", "toolgate")]["stringData"]["database-url"]
+    app_role = re.match(r"postgres(?:ql)?://([^:@/]+)", app_url)
+    check(
+        "kubernetes: the migrate Job runs `migrate --serving-role` for the role the Deployment connects as",
+        job_args[:1] == ["migrate"] and serving is not None and app_role is not None and serving == app_role.group(1),
+        f"args {job_args}, database-url user {app_role.group(1) if app_role else None}",
+    )
+    key_env = next((e.get("value") for e in c.get("env", []) if e["name"] == "TOOLGATE_AUDIT_CHECKPOINT_KEY"), None)
+    key_mount = next((m for m in c.get("volumeMounts", []) if key_env and key_env.startswith(m["mountPath"].rstrip("/") + "/")), None)
+    key_volume = next((v for v in pod.get("volumes", []) if key_mount and v["name"] == key_mount["name"]), None)
+    key_items = (key_volume or {}).get("secret", {}).get("items", [])
+    check(
+        "kubernetes: the checkpoint key is a Secret key mounted read-only where TOOLGATE_AUDIT_CHECKPOINT_KEY points",
+        key_volume is not None
+        and key_mount.get("readOnly") is True
+        and key_volume["secret"]["secretName"] == "toolgate"
+        and any(i["key"] in secret_keys and key_env == key_mount["mountPath"].rstrip("/") + "/" + i["path"] for i in key_items),
+        f"env {key_env}, mount {key_mount}, volume {key_volume}",
+    )
+    ing = docs.get(("Ingress", "toolgate"))
+    svc = docs[("Service", "toolgate")]["spec"]
+    backends = [p["backend"]["service"] for r in (ing or {}).get("spec", {}).get("rules", []) for p in r["http"]["paths"]]
+    public_host = re.match(r"https://([^/:]+)", cfg["TOOLGATE_PUBLIC_URL"])
+    check(
+        "kubernetes: the Ingress serves the public URL's host over TLS to the Service's port, unbuffered",
+        ing is not None
+        and public_host is not None
+        and [r["host"] for r in ing["spec"]["rules"]] == [public_host.group(1)]
+        and any(public_host.group(1) in t.get("hosts", []) for t in ing["spec"].get("tls", []))
+        and backends
+        and all(b["name"] == "toolgate" and b["port"].get("name") in {p.get("name") for p in svc["ports"]} for b in backends)
+        and ing["metadata"].get("annotations", {}).get("nginx.ingress.kubernetes.io/proxy-buffering") == "off",
+        str(ing),
+    )
     check("kubernetes: every Secret key used is in the template", env_from_secret <= secret_keys, f"{env_from_secret - secret_keys}")
     check(
         "kubernetes: the Secret template holds no real secret",

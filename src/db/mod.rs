@@ -176,11 +176,33 @@ pub async fn migrate(pool: &PgPool, url: &str) -> Result<(), ConnectError> {
     if roles::all_migrations_applied(pool).await.unwrap_or(false) {
         return Ok(());
     }
-    MIGRATOR.run(pool).await.map_err(|e| ConnectError::Migrate {
-        url: redact_url(url),
-        reason: e.to_string(),
+    MIGRATOR.run(pool).await.map_err(|e| {
+        let denied = match &e {
+            sqlx::migrate::MigrateError::Execute(sqlx::Error::Database(d)) => {
+                matches!(
+                    d.code().as_deref(),
+                    Some(INSUFFICIENT_PRIVILEGE | NO_SCHEMA_TO_CREATE_IN)
+                )
+            }
+            _ => false,
+        } || e.to_string().contains("permission denied");
+        ConnectError::Migrate {
+            url: redact_url(url),
+            reason: if denied {
+                format!(
+                    "{e}. This role may not change the schema: migrate as the database's owner and grant this role what it needs with `toolgate migrate --serving-role <this role>` (DATABASE_URL set to the owner's URL), then start again"
+                )
+            } else {
+                e.to_string()
+            },
+        }
     })
 }
+
+/// SQLSTATE of "permission denied".
+const INSUFFICIENT_PRIVILEGE: &str = "42501";
+/// SQLSTATE of "no schema has been selected to create in": the role may not even use `public`.
+const NO_SCHEMA_TO_CREATE_IN: &str = "3F000";
 
 /// Records one control-plane change in the same transaction as the change.
 ///

@@ -7,7 +7,7 @@ use http::StatusCode;
 use serde_json::{Value, json};
 use sqlx::{PgPool, Row};
 
-use crate::helpers::{TestApp, single_op, write_group};
+use crate::helpers::{TestApp, repo_path, single_op, write_group};
 use toolgate::audit::chain::Verifier;
 use toolgate::db::audit::AuditFilter;
 
@@ -1558,4 +1558,78 @@ async fn a_read_that_cannot_be_recorded_is_refused(pool: PgPool) {
         export.text
     );
     assert!(!export.text.starts_with("id,at"), "{}", export.text);
+}
+
+/// The deploy mistake the Kubernetes example used to make: the owner migrates without
+/// `--serving-role`, and the app role starts on a schema it has no rights to. The error must
+/// say what to run, not only "permission denied".
+#[sqlx::test(migrations = false)]
+async fn a_serving_role_without_grants_is_told_to_run_migrate_serving_role(pool: PgPool) {
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..10];
+    let (owner, serving) = (format!("tg_owner_{suffix}"), format!("tg_serve_{suffix}"));
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    for r in [&owner, &serving] {
+        exec(&pool, &format!("CREATE ROLE {r} LOGIN"))
+            .await
+            .unwrap();
+    }
+    exec(&pool, &format!("ALTER DATABASE \"{db}\" OWNER TO {owner}"))
+        .await
+        .unwrap();
+    let url = |role: &str| format!("postgres://{role}@127.0.0.1:5432/{db}");
+    let toolgate = |args: Vec<String>| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(args)
+            .env("TOOLGATE_LOG", "warn")
+            .kill_on_drop(true)
+            .output()
+    };
+    let plain = toolgate(vec!["migrate".into(), "--database-url".into(), url(&owner)])
+        .await
+        .unwrap();
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let port = crate::durability::free_port();
+    let serve = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        toolgate(vec![
+            "serve".into(),
+            "--database-url".into(),
+            url(&serving),
+            "--bind".into(),
+            format!("127.0.0.1:{port}"),
+            "--tools-dir".into(),
+            repo_path("tools").to_string_lossy().into_owned(),
+        ]),
+    )
+    .await
+    .expect("serve gives up at start")
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&serve.stderr);
+    assert!(!serve.status.success());
+    assert!(stderr.contains("permission denied"), "{stderr}");
+    assert!(
+        stderr.contains("toolgate migrate --serving-role"),
+        "{stderr}"
+    );
+    // Roles are cluster-wide: leave none behind.
+    exec(
+        &pool,
+        &format!("ALTER DATABASE \"{db}\" OWNER TO CURRENT_USER"),
+    )
+    .await
+    .unwrap();
+    exec(&pool, &format!("REASSIGN OWNED BY {owner} TO CURRENT_USER"))
+        .await
+        .unwrap();
+    for r in [&owner, &serving] {
+        exec(&pool, &format!("DROP OWNED BY {r}")).await.unwrap();
+        exec(&pool, &format!("DROP ROLE {r}")).await.unwrap();
+    }
 }
