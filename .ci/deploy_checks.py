@@ -40,7 +40,14 @@ def readme_resource() -> str:
     m = re.search(r"-d resource=(\S+)", text)
     if not m:
         sys.exit("README.md: no `-d resource=...` in the quickstart")
-    return m.group(1)
+    resource = m.group(1)
+    # The quickstart sets the public URL once (`BASE=...`) and requests `$BASE/mcp`.
+    base = re.search(r"\bBASE=(\S+)", text)
+    if "$BASE" in resource:
+        if not base:
+            sys.exit("README.md: the quickstart's resource uses $BASE but never sets it")
+        resource = resource.replace("$BASE", base.group(1))
+    return resource
 
 
 def compose(config_path: str) -> None:
