@@ -1,4 +1,5 @@
-"""Runs the token-refresh recipes of examples/refresh/ against a gateway issuing 5-second tokens.
+"""Runs the token-refresh recipes of examples/refresh/ (Python SDK, TypeScript SDK, and with AGENTS_PYTHON
+the OpenAI Agents SDK and LangChain adapters) against a gateway issuing 5-second tokens.
 
     TOOLGATE_URL=... TOOLGATE_ADMIN_TOKEN=... python tests/clients/refresh_test.py
 
@@ -52,6 +53,10 @@ def main() -> None:
         assert r.status_code == 200 and r.json()["expires_in"] <= 5, f"start the server with --token-ttl-secs 5: {r.text}"
 
         recipes = [(sys.executable, "python_sdk.py")]
+        # The agent frameworks pin another `mcp` than the SDK test's venv: their own venv.
+        agents_python = os.environ.get("AGENTS_PYTHON")
+        if agents_python:
+            recipes += [(agents_python, "openai_agents.py"), (agents_python, "langchain_adapters.py")]
         node = os.environ.get("NODE", "node")
         if os.path.isdir(os.path.join(RECIPES, "node_modules")):
             recipes.append((node, "typescript_sdk.mjs"))
