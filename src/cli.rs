@@ -65,6 +65,9 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Audit { command } => audit_command(command).await,
         Command::Admin { command } => admin_command(command).await,
         Command::Tools { command } => tools_command(command).await,
+        Command::Agent { api, command } => crate::cli_api::agent(api, command).await,
+        Command::Grant { api, command } => crate::cli_api::grant(api, command).await,
+        Command::User { api, command } => crate::cli_api::user(api, command).await,
         Command::Keys {
             command: KeysCommand::Rotate { db: db_args },
         } => {

@@ -66,6 +66,94 @@ pub enum Command {
         #[command(subcommand)]
         command: ToolsCommand,
     },
+    /// Agents, through a running server's admin API (live on every instance, audited).
+    Agent {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: AgentCommand,
+    },
+    /// Grants of agents, through a running server's admin API.
+    Grant {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: GrantCommand,
+    },
+    /// Accounts of the admin UI and who may act as an agent, through a running server's admin API.
+    User {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+}
+
+/// Where the admin API is, and its token.
+#[derive(Debug, Clone, Args)]
+pub struct ApiArgs {
+    /// The server's public URL.
+    #[arg(
+        long,
+        env = "TOOLGATE_URL",
+        default_value = "http://127.0.0.1:8787",
+        global = true
+    )]
+    pub url: String,
+    /// The admin API's bearer token (the server's --admin-token).
+    #[arg(
+        long,
+        env = "TOOLGATE_ADMIN_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    pub admin_token: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCommand {
+    /// Every agent, with its grants and how many tools each matches.
+    List,
+    /// One agent: grants, tools it sees, limits, rules, people.
+    Show { name: String },
+    /// Create an agent (no grants yet).
+    Create {
+        name: String,
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// Delete an agent, its grants and its clients.
+    Delete { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GrantCommand {
+    /// Grant `target` (a group, `group__tool`, or `*`) to `agent`; warns when it matches nothing.
+    Add { agent: String, target: String },
+    /// Take a grant away: live on the agent's next request.
+    Remove { agent: String, target: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Accounts of the admin UI.
+    List,
+    /// Create an account; the password is read from standard input (one line).
+    Create {
+        username: String,
+        #[arg(long, value_parser = ["admin", "auditor", "viewer", "member"])]
+        role: String,
+    },
+    /// Change an account's role.
+    Role {
+        username: String,
+        #[arg(value_parser = ["admin", "auditor", "viewer", "member"])]
+        role: String,
+    },
+    /// Let `username` act as `agent` through an interactive host.
+    AddToAgent { agent: String, username: String },
+    /// No longer: their host authorizations for the agent are revoked.
+    RemoveFromAgent { agent: String, username: String },
 }
 
 #[derive(Debug, Clone, Args)]

@@ -9,6 +9,7 @@ pub mod app;
 pub mod audit;
 pub mod auth;
 pub mod cli;
+mod cli_api;
 pub mod config;
 pub mod cost;
 pub mod db;

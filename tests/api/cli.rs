@@ -237,3 +237,95 @@ fn a_name_that_breaks_its_rule_is_refused_by_the_command_line() {
         assert!(stderr.contains(message), "{args:?}: {stderr}");
     }
 }
+
+/// `toolgate agent|grant|user` against a running server: the changes go through its admin
+/// API, so they are live at once and audited; refusals are the API's, with its message.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn agent_grant_and_user_commands_drive_a_running_server(pool: PgPool) {
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let port = crate::durability::free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let _server = crate::durability::serve(
+        &format!("postgres://root@127.0.0.1:5432/{db}"),
+        &crate::helpers::repo_path("tools"),
+        port,
+    );
+    crate::durability::wait_ready(&reqwest::Client::new(), &base).await;
+    let run = |args: &[&str], stdin: &str| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(args)
+            .env("TOOLGATE_URL", &base)
+            .env("TOOLGATE_ADMIN_TOKEN", "kill-test")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = run(
+        &["agent", "create", "helper", "--description", "Helps."],
+        "",
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("\"helper\""), "{out}");
+    // A typo is saved but loud; a real group matches tools.
+    let (ok, _, err) = run(&["grant", "add", "helper", "serch"], "");
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("matches no tool") && err.contains("search"),
+        "{err}"
+    );
+    let (ok, out, err) = run(&["grant", "add", "helper", "search"], "");
+    assert!(ok, "{err}");
+    assert!(out.contains("\"matched_tools\": 2"), "{out}");
+    let (ok, out, _) = run(&["agent", "show", "helper"], "");
+    assert!(ok);
+    assert!(out.contains("search__query"), "{out}");
+    let (ok, _, err) = run(&["grant", "remove", "helper", "serch"], "");
+    assert!(ok, "{err}");
+    // Accounts and who may act as the agent.
+    let (ok, _, err) = run(
+        &["user", "create", "ada", "--role", "viewer"],
+        "a long password for ada\n",
+    );
+    assert!(ok, "{err}");
+    let (ok, _, err) = run(&["user", "add-to-agent", "helper", "ada"], "");
+    assert!(ok, "{err}");
+    let (ok, out, _) = run(&["user", "list"], "");
+    assert!(ok && out.contains("\"ada\""), "{out}");
+    // Refusals carry the server's message and fail the command.
+    let (ok, _, err) = run(&["grant", "add", "nobody", "search"], "");
+    assert!(!ok);
+    assert!(err.contains("404") && err.contains("nobody"), "{err}");
+    // A name is one path segment, never a different route.
+    let (ok, _, err) = run(&["agent", "delete", "../users/ada"], "");
+    assert!(!ok, "{err}");
+    let (ok, out, _) = run(&["user", "list"], "");
+    assert!(ok && out.contains("\"ada\""), "{out}");
+    let (ok, _, err) = run(&["agent", "delete", "helper"], "");
+    assert!(ok, "{err}");
+    // Without the token: a clear error, no request.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["agent", "list", "--url", &base])
+        .env_remove("TOOLGATE_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--admin-token"));
+}
