@@ -1332,6 +1332,96 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
 mod tests {
     use super::*;
 
+    fn applied(rows: &[(&str, &str, &str)]) -> Applied {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|(a, k, v)| ((*a).to_owned(), (*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Applied::from_rows(&rows)
+    }
+
+    fn removals() -> Vec<Change> {
+        vec![
+            Change::RemoveGrant {
+                agent: "a".into(),
+                target: "written".into(),
+            },
+            Change::RemoveGrant {
+                agent: "a".into(),
+                target: "outside".into(),
+            },
+            Change::SetUsers {
+                agent: "a".into(),
+                before: vec!["alice".into(), "bob".into()],
+                after: vec!["carol".into()],
+            },
+            Change::DeleteAgent {
+                name: "gone".into(),
+            },
+            Change::DeleteAgent { name: "ui".into() },
+        ]
+    }
+
+    #[test]
+    fn removals_of_what_the_last_apply_did_not_write_are_kept() {
+        let last = applied(&[
+            ("a", "agent", ""),
+            ("a", "grant", "written"),
+            ("a", "user", "bob"),
+            ("gone", "agent", ""),
+        ]);
+        let (changes, kept) = hold_back(removals(), &last, false);
+        assert_eq!(
+            changes,
+            vec![
+                Change::RemoveGrant {
+                    agent: "a".into(),
+                    target: "written".into(),
+                },
+                Change::SetUsers {
+                    agent: "a".into(),
+                    before: vec!["alice".into(), "bob".into()],
+                    after: vec!["alice".into(), "carol".into()],
+                },
+                Change::DeleteAgent {
+                    name: "gone".into(),
+                },
+            ]
+        );
+        assert_eq!(
+            kept,
+            vec![
+                Kept::Grant {
+                    agent: "a".into(),
+                    target: "outside".into(),
+                },
+                Kept::User {
+                    agent: "a".into(),
+                    user: "alice".into(),
+                },
+                Kept::Agent { name: "ui".into() },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_user_change_that_only_removed_kept_users_goes_and_prune_keeps_nothing() {
+        let only_removal = vec![Change::SetUsers {
+            agent: "a".into(),
+            before: vec!["alice".into()],
+            after: vec![],
+        }];
+        let (changes, kept) = hold_back(only_removal.clone(), &Applied::default(), false);
+        assert!(changes.is_empty(), "{changes:?}");
+        assert_eq!(kept.len(), 1);
+        let (changes, kept) = hold_back(only_removal.clone(), &Applied::default(), true);
+        assert_eq!(changes, only_removal);
+        assert!(kept.is_empty());
+        let (changes, kept) = hold_back(removals(), &Applied::default(), true);
+        assert_eq!(changes, removals());
+        assert!(kept.is_empty());
+    }
+
     #[test]
     fn front_matter_splits_from_the_body() {
         let (yaml, body) = split_front_matter("---\ntools: [search]\n---\nHello\n").unwrap();
