@@ -967,9 +967,19 @@ impl Applied {
 /// admin UI or API since, or before any apply recorded what it wrote). `--prune` removes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kept {
-    Agent { name: String },
-    Grant { agent: String, target: String },
-    User { agent: String, user: String },
+    Agent {
+        name: String,
+    },
+    Grant {
+        agent: String,
+        target: String,
+    },
+    /// `live`: the person's live host authorizations for the agent, which `--prune` revokes.
+    User {
+        agent: String,
+        user: String,
+        live: i64,
+    },
 }
 
 impl fmt::Display for Kept {
@@ -977,9 +987,15 @@ impl fmt::Display for Kept {
         match self {
             Kept::Agent { name } => write!(f, "kept agent {name}"),
             Kept::Grant { agent, target } => write!(f, "kept grant {agent} -> {target}"),
-            Kept::User { agent, user } => write!(f, "kept user {agent} -> {user}"),
+            Kept::User { agent, user, .. } => write!(f, "kept user {agent} -> {user}"),
         }?;
-        write!(f, " (added outside the files; --prune removes it)")
+        write!(f, " (added outside the files; --prune removes it")?;
+        match self {
+            Kept::User { live, .. } if *live > 0 => {
+                write!(f, ", revoking {live} host authorization(s))")
+            }
+            _ => write!(f, ")"),
+        }
     }
 }
 
@@ -1043,6 +1059,7 @@ pub fn hold_back(changes: Vec<Change>, applied: &Applied, prune: bool) -> (Vec<C
                 kept.extend(outside.into_iter().map(|user| Kept::User {
                     agent: agent.clone(),
                     user,
+                    live: 0,
                 }));
                 if after != before {
                     out.push(Change::SetUsers {
@@ -1110,11 +1127,20 @@ pub async fn apply_dir(
     let groups = db::groups::groups(&mut tx).await?;
     let upstreams = db::upstreams::upstreams(&mut tx).await?;
     let applied = Applied::from_rows(&db::policy_applied::load(&mut tx).await?);
-    let (changes, kept) = hold_back(
+    let (changes, mut kept) = hold_back(
         plan(&policies, &state.agents, &groups, &upstreams),
         &applied,
         prune,
     );
+    // What `--prune` would cost the people kept.
+    for k in &mut kept {
+        if let Kept::User { agent, user, live } = k {
+            *live = db::authorizations::live_counts_for_agent(&mut tx, agent)
+                .await?
+                .remove(user.as_str())
+                .unwrap_or(0);
+        }
+    }
     let mut revocations = Vec::new();
     for change in &changes {
         let (agent, users) = match change {
@@ -1398,6 +1424,7 @@ mod tests {
                 Kept::User {
                     agent: "a".into(),
                     user: "alice".into(),
+                    live: 0,
                 },
                 Kept::Agent { name: "ui".into() },
             ]

@@ -525,7 +525,7 @@ async fn policy_apply_keeps_what_the_ui_added_unless_pruned(pool: PgPool) {
     };
     let kept = vec![
         "kept grant assistant -> weather (added outside the files; --prune removes it)".to_owned(),
-        "kept user assistant -> alice (added outside the files; --prune removes it)".to_owned(),
+        "kept user assistant -> alice (added outside the files; --prune removes it, revoking 1 host authorization(s))".to_owned(),
     ];
 
     for dry_run in [true, false] {
