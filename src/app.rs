@@ -112,13 +112,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "toolgate serve (first start)",
             false,
             false,
+            // Never at start: what the admin UI or API added survives a restart.
+            false,
         )
         .await
         {
-            Ok(report) => tracing::info!(
-                changes = report.changes.len(),
-                "applied the policies folder to the empty database"
-            ),
+            Ok(report) => {
+                for k in &report.kept {
+                    tracing::warn!(kept = %k, "policies folder: not removed at start");
+                }
+                tracing::info!(
+                    changes = report.changes.len(),
+                    "applied the policies folder to the empty database"
+                )
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "could not apply the policies folder on first start")
             }

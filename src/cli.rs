@@ -127,6 +127,7 @@ async fn apply(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         "cli:policy-apply",
         args.dry_run,
         args.strict,
+        args.prune,
     )
     .await?;
     for w in &report.warnings {
@@ -138,10 +139,22 @@ async fn apply(args: PolicyArgs) -> anyhow::Result<ExitCode> {
     for c in &report.changes {
         println!("{c}");
     }
+    for r in &report.revocations {
+        println!("{r}");
+    }
+    for k in &report.kept {
+        println!("{k}");
+    }
     if !report.applied {
         println!("(dry run: nothing was changed)");
     }
-    Ok(ExitCode::SUCCESS)
+    // The rest applied, but the database holds what the files do not: a distinct code, so
+    // that a pipeline notices the drift and can still tell it from a failure (1).
+    if report.kept.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Ok(ExitCode::from(3))
+    }
 }
 
 async fn client_command(command: ClientCommand) -> anyhow::Result<ExitCode> {

@@ -483,6 +483,10 @@ pub struct PolicyArgs {
     /// Refuse to apply when a grant matches no tool.
     #[arg(long)]
     pub strict: bool,
+    /// Also remove agents, grants and users the last apply did not write (added in the admin
+    /// UI or API since): without it they are kept and listed.
+    #[arg(long)]
+    pub prune: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -330,3 +330,22 @@ pub async fn of_refresh_token(
     .await?
     .map(|r| (r.id, r.client_id)))
 }
+
+/// Live (neither revoked nor expired) authorizations for `agent`, counted per person.
+pub async fn live_counts_for_agent(
+    conn: &mut PgConnection,
+    agent: &str,
+) -> sqlx::Result<std::collections::BTreeMap<String, i64>> {
+    Ok(sqlx::query!(
+        r#"SELECT z.username, count(*) AS "n!" FROM oauth_authorizations z
+         JOIN agents a ON a.id = z.agent_id
+         WHERE a.name = $1 AND z.revoked_at IS NULL AND z.expires_at > now()
+         GROUP BY z.username"#,
+        agent,
+    )
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .map(|r| (r.username, r.n))
+    .collect())
+}

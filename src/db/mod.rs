@@ -19,6 +19,7 @@ pub mod limits;
 pub mod locks;
 pub mod password_resets;
 pub mod pins;
+pub mod policy_applied;
 pub mod public_clients;
 pub mod revocations;
 pub mod roles;

@@ -918,12 +918,173 @@ pub fn plan(
     changes
 }
 
+/// What the last real apply wrote from the files (agents, grants, users): a removal of
+/// anything else came from outside the files and needs `--prune`.
+#[derive(Debug, Default, Clone)]
+pub struct Applied {
+    agents: BTreeSet<String>,
+    grants: BTreeSet<(String, String)>,
+    users: BTreeSet<(String, String)>,
+}
+
+impl Applied {
+    pub fn from_rows(rows: &[db::policy_applied::AppliedRow]) -> Self {
+        let mut out = Self::default();
+        for (agent, kind, value) in rows {
+            match kind.as_str() {
+                "agent" => {
+                    out.agents.insert(agent.clone());
+                }
+                "grant" => {
+                    out.grants.insert((agent.clone(), value.clone()));
+                }
+                "user" => {
+                    out.users.insert((agent.clone(), value.clone()));
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// What these files write: the rows a real apply records.
+    pub fn rows_of(policies: &PolicyDir) -> Vec<db::policy_applied::AppliedRow> {
+        let mut rows = Vec::new();
+        for a in &policies.agents {
+            rows.push((a.name.clone(), "agent".to_owned(), String::new()));
+            for t in &a.front.tools {
+                rows.push((a.name.clone(), "grant".to_owned(), t.clone()));
+            }
+            for u in &a.front.users {
+                rows.push((a.name.clone(), "user".to_owned(), u.clone()));
+            }
+        }
+        rows
+    }
+}
+
+/// A removal `apply` did not make: the thing was not written by the last apply (added in the
+/// admin UI or API since, or before any apply recorded what it wrote). `--prune` removes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kept {
+    Agent {
+        name: String,
+    },
+    Grant {
+        agent: String,
+        target: String,
+    },
+    /// `live`: the person's live host authorizations for the agent, which `--prune` revokes.
+    User {
+        agent: String,
+        user: String,
+        live: i64,
+    },
+}
+
+impl fmt::Display for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Kept::Agent { name } => write!(f, "kept agent {name}"),
+            Kept::Grant { agent, target } => write!(f, "kept grant {agent} -> {target}"),
+            Kept::User { agent, user, .. } => write!(f, "kept user {agent} -> {user}"),
+        }?;
+        write!(f, " (added outside the files; --prune removes it")?;
+        match self {
+            Kept::User { live, .. } if *live > 0 => {
+                write!(f, ", revoking {live} host authorization(s))")
+            }
+            _ => write!(f, ")"),
+        }
+    }
+}
+
+/// Host authorizations a person loses because they leave an agent's `users` (or the agent
+/// goes): counted before the change, live ones only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revocation {
+    pub agent: String,
+    pub user: String,
+    pub count: i64,
+    /// `revoked …` when applied, `would revoke …` in a dry run.
+    pub applied: bool,
+}
+
+impl fmt::Display for Revocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verb = if self.applied {
+            "revoked"
+        } else {
+            "would revoke"
+        };
+        write!(
+            f,
+            "{verb} {} host authorization(s) of {} for {}",
+            self.count, self.user, self.agent
+        )
+    }
+}
+
+/// Takes out of `changes` the removals of agents, grants and users the last apply did not
+/// write (unless `prune`), and says what was kept. A user change that only removed kept
+/// users goes; one that also does something else keeps them in its `after`.
+pub fn hold_back(changes: Vec<Change>, applied: &Applied, prune: bool) -> (Vec<Change>, Vec<Kept>) {
+    if prune {
+        return (changes, Vec::new());
+    }
+    let mut out = Vec::with_capacity(changes.len());
+    let mut kept = Vec::new();
+    for change in changes {
+        match change {
+            Change::DeleteAgent { name } if !applied.agents.contains(&name) => {
+                kept.push(Kept::Agent { name });
+            }
+            Change::RemoveGrant { agent, target }
+                if !applied.grants.contains(&(agent.clone(), target.clone())) =>
+            {
+                kept.push(Kept::Grant { agent, target });
+            }
+            Change::SetUsers {
+                agent,
+                before,
+                after,
+            } => {
+                let outside: Vec<String> = before
+                    .iter()
+                    .filter(|u| !after.contains(u))
+                    .filter(|u| !applied.users.contains(&(agent.clone(), (*u).clone())))
+                    .cloned()
+                    .collect();
+                let after = sorted_users(&[after, outside.clone()].concat());
+                kept.extend(outside.into_iter().map(|user| Kept::User {
+                    agent: agent.clone(),
+                    user,
+                    live: 0,
+                }));
+                if after != before {
+                    out.push(Change::SetUsers {
+                        agent,
+                        before,
+                        after,
+                    });
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    (out, kept)
+}
+
 /// The outcome of `apply`.
 #[derive(Debug, Default)]
 pub struct ApplyReport {
     pub changes: Vec<Change>,
     /// Zero-match grants and other non-fatal problems.
     pub warnings: Vec<Problem>,
+    /// Removals left out because the last apply did not write what they remove.
+    pub kept: Vec<Kept>,
+    /// Host authorizations the changes revoke (or would, in a dry run).
+    pub revocations: Vec<Revocation>,
     pub applied: bool,
 }
 
@@ -938,7 +1099,8 @@ pub enum ApplyError {
     Database(#[from] sqlx::Error),
 }
 
-/// Makes the database match the folder in one transaction.
+/// Makes the database match the folder in one transaction, but for removals of agents,
+/// grants and users the last apply did not write (see [`hold_back`]), made only with `prune`.
 pub async fn apply_dir(
     pool: &PgPool,
     dir: &Path,
@@ -946,6 +1108,7 @@ pub async fn apply_dir(
     actor: &str,
     dry_run: bool,
     strict: bool,
+    prune: bool,
 ) -> Result<ApplyReport, ApplyError> {
     let (policies, mut invalid) = read_dir(dir);
     invalid.extend(validate(&policies));
@@ -963,7 +1126,62 @@ pub async fn apply_dir(
     let pinned_before = db::pins::pinned_groups(&mut tx).await?;
     let groups = db::groups::groups(&mut tx).await?;
     let upstreams = db::upstreams::upstreams(&mut tx).await?;
-    let changes = plan(&policies, &state.agents, &groups, &upstreams);
+    let applied = Applied::from_rows(&db::policy_applied::load(&mut tx).await?);
+    let (changes, mut kept) = hold_back(
+        plan(&policies, &state.agents, &groups, &upstreams),
+        &applied,
+        prune,
+    );
+    // What `--prune` would cost the people kept.
+    for k in &mut kept {
+        if let Kept::User { agent, user, live } = k {
+            *live = db::authorizations::live_counts_for_agent(&mut tx, agent)
+                .await?
+                .remove(user.as_str())
+                .unwrap_or(0);
+        }
+    }
+    let mut revocations = Vec::new();
+    for change in &changes {
+        let (agent, users) = match change {
+            Change::SetUsers {
+                agent,
+                before,
+                after,
+            } => (
+                agent,
+                before
+                    .iter()
+                    .filter(|u| !after.contains(u))
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            ),
+            Change::DeleteAgent { name } => (
+                name,
+                state
+                    .agents
+                    .iter()
+                    .filter(|a| a.name == *name)
+                    .flat_map(|a| a.users.iter().cloned())
+                    .collect(),
+            ),
+            _ => continue,
+        };
+        let mut counts = db::authorizations::live_counts_for_agent(&mut tx, agent).await?;
+        let mut users: BTreeSet<String> = users.into_iter().collect();
+        if matches!(change, Change::DeleteAgent { .. }) {
+            // The agent's authorizations go with it, whoever made them.
+            users.extend(counts.keys().cloned());
+        }
+        for user in users {
+            revocations.push(Revocation {
+                agent: agent.clone(),
+                count: counts.remove(&user).unwrap_or(0),
+                user,
+                applied: !dry_run,
+            });
+        }
+    }
     if !dry_run {
         // Runs of new agents and grants (a first start is nothing else) are written together;
         // any other change first writes the run before it, so the order stays the plan's.
@@ -1040,11 +1258,14 @@ pub async fn apply_dir(
         {
             db::pins::baseline(&mut tx, actor, group, catalog).await?;
         }
+        db::policy_applied::replace(&mut tx, &Applied::rows_of(&policies)).await?;
         tx.commit().await?;
     }
     Ok(ApplyReport {
         changes,
         warnings,
+        kept,
+        revocations,
         applied: !dry_run,
     })
 }
@@ -1136,6 +1357,97 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn applied(rows: &[(&str, &str, &str)]) -> Applied {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|(a, k, v)| ((*a).to_owned(), (*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Applied::from_rows(&rows)
+    }
+
+    fn removals() -> Vec<Change> {
+        vec![
+            Change::RemoveGrant {
+                agent: "a".into(),
+                target: "written".into(),
+            },
+            Change::RemoveGrant {
+                agent: "a".into(),
+                target: "outside".into(),
+            },
+            Change::SetUsers {
+                agent: "a".into(),
+                before: vec!["alice".into(), "bob".into()],
+                after: vec!["carol".into()],
+            },
+            Change::DeleteAgent {
+                name: "gone".into(),
+            },
+            Change::DeleteAgent { name: "ui".into() },
+        ]
+    }
+
+    #[test]
+    fn removals_of_what_the_last_apply_did_not_write_are_kept() {
+        let last = applied(&[
+            ("a", "agent", ""),
+            ("a", "grant", "written"),
+            ("a", "user", "bob"),
+            ("gone", "agent", ""),
+        ]);
+        let (changes, kept) = hold_back(removals(), &last, false);
+        assert_eq!(
+            changes,
+            vec![
+                Change::RemoveGrant {
+                    agent: "a".into(),
+                    target: "written".into(),
+                },
+                Change::SetUsers {
+                    agent: "a".into(),
+                    before: vec!["alice".into(), "bob".into()],
+                    after: vec!["alice".into(), "carol".into()],
+                },
+                Change::DeleteAgent {
+                    name: "gone".into(),
+                },
+            ]
+        );
+        assert_eq!(
+            kept,
+            vec![
+                Kept::Grant {
+                    agent: "a".into(),
+                    target: "outside".into(),
+                },
+                Kept::User {
+                    agent: "a".into(),
+                    user: "alice".into(),
+                    live: 0,
+                },
+                Kept::Agent { name: "ui".into() },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_user_change_that_only_removed_kept_users_goes_and_prune_keeps_nothing() {
+        let only_removal = vec![Change::SetUsers {
+            agent: "a".into(),
+            before: vec!["alice".into()],
+            after: vec![],
+        }];
+        let (changes, kept) = hold_back(only_removal.clone(), &Applied::default(), false);
+        assert!(changes.is_empty(), "{changes:?}");
+        assert_eq!(kept.len(), 1);
+        let (changes, kept) = hold_back(only_removal.clone(), &Applied::default(), true);
+        assert_eq!(changes, only_removal);
+        assert!(kept.is_empty());
+        let (changes, kept) = hold_back(removals(), &Applied::default(), true);
+        assert_eq!(changes, removals());
+        assert!(kept.is_empty());
+    }
 
     #[test]
     fn front_matter_splits_from_the_body() {

@@ -378,7 +378,7 @@ async fn rules_round_trip_through_export_and_apply(pool: PgPool) {
     let text = std::fs::read_to_string(out.path().join("agents/meteo/agent.md")).unwrap();
     assert!(text.contains("arguments:"), "{text}");
     let report =
-        toolgate::policy::files::apply_dir(&pool, out.path(), &catalog, "test", true, false)
+        toolgate::policy::files::apply_dir(&pool, out.path(), &catalog, "test", true, false, false)
             .await
             .unwrap();
     assert!(report.changes.is_empty(), "{:?}", report.changes);
@@ -391,10 +391,17 @@ async fn rules_round_trip_through_export_and_apply(pool: PgPool) {
         .map(|l| format!("{l}\n"))
         .collect();
     std::fs::write(&path, without).unwrap();
-    let report =
-        toolgate::policy::files::apply_dir(&pool, out.path(), &catalog, "test", false, false)
-            .await
-            .unwrap();
+    let report = toolgate::policy::files::apply_dir(
+        &pool,
+        out.path(),
+        &catalog,
+        "test",
+        false,
+        false,
+        false,
+    )
+    .await
+    .unwrap();
     let diff: Vec<String> = report.changes.iter().map(ToString::to_string).collect();
     assert!(
         diff.contains(&"- argument rules meteo -> weather__forecast".to_owned()),
@@ -613,15 +620,23 @@ async fn apply_warns_about_a_wrong_rule_and_strict_refuses_it(pool: PgPool) {
     )
     .unwrap();
     let strict =
-        toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", false, true).await;
+        toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", false, true, false)
+            .await;
     assert!(
         matches!(strict, Err(toolgate::policy::files::ApplyError::Strict(_))),
         "{strict:?}"
     );
-    let report =
-        toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", false, false)
-            .await
-            .unwrap();
+    let report = toolgate::policy::files::apply_dir(
+        &pool,
+        dir.path(),
+        &catalog,
+        "test",
+        false,
+        false,
+        false,
+    )
+    .await
+    .unwrap();
     assert!(
         report
             .warnings

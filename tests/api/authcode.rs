@@ -919,21 +919,38 @@ async fn agent_users_round_trip_through_policy_files(pool: PgPool) {
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(text.contains("users:\n- alice\n"), "{text}");
     let catalog = h.app.state.policy.load().catalog.clone();
-    let report =
-        toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", true, false)
-            .await
-            .unwrap();
+    // A real apply of the export: no change, and the files now wrote alice (she was added
+    // through the API), so deleting her line removes her without --prune.
+    let report = toolgate::policy::files::apply_dir(
+        &pool,
+        dir.path(),
+        &catalog,
+        "test",
+        false,
+        false,
+        false,
+    )
+    .await
+    .unwrap();
     assert!(report.changes.is_empty(), "{:?}", report.changes);
+    assert!(report.kept.is_empty(), "{:?}", report.kept);
 
     std::fs::write(
         &file,
         text.replace("users:\n- alice\n", "users: [bob, carol]\n"),
     )
     .unwrap();
-    let report =
-        toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", false, false)
-            .await
-            .unwrap();
+    let report = toolgate::policy::files::apply_dir(
+        &pool,
+        dir.path(),
+        &catalog,
+        "test",
+        false,
+        false,
+        false,
+    )
+    .await
+    .unwrap();
     assert_eq!(report.changes.len(), 1, "{:?}", report.changes);
     h.app.state.reload_policy().await.unwrap();
     let snapshot = h.app.state.policy.load();
@@ -948,9 +965,17 @@ async fn agent_users_round_trip_through_policy_files(pool: PgPool) {
         text.replace("users:\n- alice\n", "users: [\"no spaces\"]\n"),
     )
     .unwrap();
-    let err = toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", false, false)
-        .await
-        .unwrap_err();
+    let err = toolgate::policy::files::apply_dir(
+        &pool,
+        dir.path(),
+        &catalog,
+        "test",
+        false,
+        false,
+        false,
+    )
+    .await
+    .unwrap_err();
     assert!(err.to_string().contains("no spaces"), "{err}");
 }
 

@@ -61,7 +61,7 @@ impl TestApp {
         toolgate::service::keys::ensure_first(&pool).await.unwrap();
         if let Some(dir) = policies {
             let catalog = toolgate::pool::loader::load_pool(tools, None, &settings.loader);
-            toolgate::policy::files::apply_dir(&pool, dir, &catalog, "test", false, false)
+            toolgate::policy::files::apply_dir(&pool, dir, &catalog, "test", false, false, false)
                 .await
                 .unwrap();
         }

@@ -348,7 +348,7 @@ async fn groups_yaml_pins_a_group_and_round_trips_through_export(pool: PgPool) {
     assert!(groups.contains("pin: true"), "{groups}");
     let catalog = app.state.policy.catalog();
     let report =
-        toolgate::policy::files::apply_dir(&pool, out.path(), &catalog, "test", true, false)
+        toolgate::policy::files::apply_dir(&pool, out.path(), &catalog, "test", true, false, false)
             .await
             .unwrap();
     assert!(report.changes.is_empty(), "{:?}", report.changes);
@@ -359,10 +359,17 @@ async fn groups_yaml_pins_a_group_and_round_trips_through_export(pool: PgPool) {
         "groups:\n  calc: {owner: ops, pin: false}\n",
     )
     .unwrap();
-    let report =
-        toolgate::policy::files::apply_dir(&pool, policies.path(), &catalog, "test", false, false)
-            .await
-            .unwrap();
+    let report = toolgate::policy::files::apply_dir(
+        &pool,
+        policies.path(),
+        &catalog,
+        "test",
+        false,
+        false,
+        false,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         report
             .changes

@@ -58,7 +58,7 @@ async fn export_then_apply_is_no_change(pool: PgPool) {
         .await
         .unwrap();
     let report =
-        toolgate::policy::files::apply_dir(&pool, out.path(), &catalog, "test", true, false)
+        toolgate::policy::files::apply_dir(&pool, out.path(), &catalog, "test", true, false, false)
             .await
             .unwrap();
 
@@ -74,12 +74,13 @@ async fn apply_makes_the_database_match_the_folder_and_warns_on_zero_match(pool:
     let dir = repo_path("tests/fixtures/policies-typo");
 
     let strict =
-        toolgate::policy::files::apply_dir(&pool, &dir, &catalog, "test", false, true).await;
+        toolgate::policy::files::apply_dir(&pool, &dir, &catalog, "test", false, true, false).await;
     assert!(strict.is_err(), "--strict applied a zero-match grant");
 
-    let report = toolgate::policy::files::apply_dir(&pool, &dir, &catalog, "test", false, false)
-        .await
-        .unwrap();
+    let report =
+        toolgate::policy::files::apply_dir(&pool, &dir, &catalog, "test", false, false, false)
+            .await
+            .unwrap();
     let diff: Vec<String> = report.changes.iter().map(ToString::to_string).collect();
     assert!(
         diff.contains(&"+ grant assistant -> serch".to_owned()),
@@ -143,6 +144,7 @@ async fn apply_refuses_invalid_grants_and_limits_with_file_and_line(pool: PgPool
         &policies,
         &app.state.policy.catalog(),
         "test",
+        false,
         false,
         false,
     )
@@ -312,6 +314,7 @@ async fn fractional_limits_keep_their_written_form_through_api_export_and_apply(
         "test",
         true,
         false,
+        false,
     )
     .await
     .unwrap();
@@ -433,5 +436,253 @@ async fn a_client_made_on_another_instance_than_its_agent_gets_the_agents_grants
     assert!(
         !names.is_empty() && names.iter().all(|n| n.starts_with("weather__")),
         "{names:?}"
+    );
+}
+
+/// Copies the shipped policies into a folder the test may edit.
+fn editable_policies() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for agent in ["assistant", "meteo"] {
+        let to = dir.path().join("agents").join(agent);
+        std::fs::create_dir_all(&to).unwrap();
+        std::fs::copy(
+            repo_path(&format!("policies/agents/{agent}/agent.md")),
+            to.join("agent.md"),
+        )
+        .unwrap();
+    }
+    dir
+}
+
+/// A live host authorization of `username` for `agent`.
+async fn authorize(pool: &PgPool, agent: &str, username: &str) {
+    let mut conn = pool.acquire().await.unwrap();
+    let created = toolgate::db::authorizations::create(
+        &mut conn,
+        "test",
+        &toolgate::db::authorizations::NewAuthorization {
+            id: uuid::Uuid::new_v4(),
+            client_id: "test-host",
+            client_name: "Test host",
+            agent,
+            username,
+            scope: "tools",
+            code_hash: &uuid::Uuid::new_v4().simple().to_string(),
+            redirect_uri: "http://127.0.0.1:9/callback",
+            code_challenge: "challenge",
+            resource: "http://127.0.0.1:8787/mcp",
+            code_expires: chrono::Utc::now() + chrono::Duration::minutes(5),
+        },
+    )
+    .await
+    .unwrap();
+    assert!(created, "the authorization was not created");
+}
+
+async fn live_authorizations(pool: &PgPool, username: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM oauth_authorizations WHERE username = $1 AND revoked_at IS NULL AND expires_at > now()",
+    )
+    .bind(username)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+fn lines<T: ToString>(items: &[T]) -> Vec<String> {
+    items.iter().map(ToString::to_string).collect()
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn policy_apply_keeps_what_the_ui_added_unless_pruned(pool: PgPool) {
+    // The shipped policies were applied (and recorded) by the test app's start.
+    let app = TestApp::new(pool.clone()).await;
+    let catalog = app.state.policy.catalog();
+    let dir = editable_policies();
+    let r = app
+        .admin(
+            "POST",
+            "/api/v1/agents/assistant/grants",
+            Some(serde_json::json!({"target": "weather"})),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text);
+    let r = app
+        .admin("PUT", "/api/v1/agents/assistant/users/alice", None)
+        .await;
+    assert!(r.status.is_success(), "{}", r.text);
+    authorize(&pool, "assistant", "alice").await;
+    let apply = |dry_run: bool, prune: bool| {
+        toolgate::policy::files::apply_dir(
+            &pool,
+            dir.path(),
+            &catalog,
+            "test",
+            dry_run,
+            false,
+            prune,
+        )
+    };
+    let kept = vec![
+        "kept grant assistant -> weather (added outside the files; --prune removes it)".to_owned(),
+        "kept user assistant -> alice (added outside the files; --prune removes it, revoking 1 host authorization(s))".to_owned(),
+    ];
+
+    for dry_run in [true, false] {
+        let report = apply(dry_run, false).await.unwrap();
+        assert!(report.changes.is_empty(), "{:?}", report.changes);
+        assert_eq!(lines(&report.kept), kept, "dry run: {dry_run}");
+        assert!(report.revocations.is_empty(), "{:?}", report.revocations);
+    }
+    app.state.reload_policy().await.unwrap();
+    let agent = app.admin("GET", "/api/v1/agents/assistant", None).await;
+    let grants: Vec<&str> = agent.body["agent"]["grants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["target"].as_str().unwrap())
+        .collect();
+    assert!(grants.contains(&"weather"), "{grants:?}");
+    let users = app
+        .state
+        .policy
+        .load()
+        .agent("assistant")
+        .unwrap()
+        .record
+        .users
+        .clone();
+    assert_eq!(users, ["alice"]);
+    assert_eq!(live_authorizations(&pool, "alice").await, 1);
+
+    // The command line says the same, and exits 3: applied, but something was kept.
+    let url = {
+        let o = pool.connect_options();
+        format!(
+            "postgres://{}@{}:{}/{}",
+            o.get_username(),
+            o.get_host(),
+            o.get_port(),
+            o.get_database().unwrap()
+        )
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["policy", "apply", "--dry-run", "--dir"])
+        .arg(dir.path())
+        .arg("--tools-dir")
+        .arg(repo_path("tools"))
+        .args(["--database-url", &url])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    assert!(
+        stdout.contains(&kept[0]) && stdout.contains(&kept[1]),
+        "{stdout}"
+    );
+
+    let report = apply(true, true).await.unwrap();
+    assert_eq!(
+        lines(&report.revocations),
+        ["would revoke 1 host authorization(s) of alice for assistant"]
+    );
+    assert_eq!(live_authorizations(&pool, "alice").await, 1);
+    let report = apply(false, true).await.unwrap();
+    let diff = lines(&report.changes);
+    assert!(
+        diff.contains(&"- grant assistant -> weather".to_owned()),
+        "{diff:?}"
+    );
+    assert!(
+        diff.contains(&"~ users assistant: [\"alice\"] -> []".to_owned()),
+        "{diff:?}"
+    );
+    assert!(report.kept.is_empty(), "{:?}", report.kept);
+    assert_eq!(
+        lines(&report.revocations),
+        ["revoked 1 host authorization(s) of alice for assistant"]
+    );
+    assert_eq!(live_authorizations(&pool, "alice").await, 0);
+    app.state.reload_policy().await.unwrap();
+    let record = app
+        .state
+        .policy
+        .load()
+        .agent("assistant")
+        .unwrap()
+        .record
+        .clone();
+    assert!(record.users.is_empty(), "{:?}", record.users);
+    assert!(
+        record.grants.iter().all(|g| g.target != "weather"),
+        "{:?}",
+        record.grants
+    );
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn policy_apply_removes_what_the_files_wrote_and_then_dropped(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let catalog = app.state.policy.catalog();
+    let dir = editable_policies();
+    let file = dir.path().join("agents/assistant/agent.md");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let apply = || {
+        toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", false, false, false)
+    };
+
+    std::fs::write(
+        &file,
+        text.replace("tools: [search]", "tools: [search, weather]\nusers: [bob]"),
+    )
+    .unwrap();
+    let report = apply().await.unwrap();
+    assert!(
+        lines(&report.changes).contains(&"+ grant assistant -> weather".to_owned()),
+        "{:?}",
+        report.changes
+    );
+    authorize(&pool, "assistant", "bob").await;
+
+    // The lines deleted (as in git): the files wrote them, so they go without --prune.
+    std::fs::write(&file, &text).unwrap();
+    let report = apply().await.unwrap();
+    let diff = lines(&report.changes);
+    assert!(
+        diff.contains(&"- grant assistant -> weather".to_owned()),
+        "{diff:?}"
+    );
+    assert!(
+        diff.contains(&"~ users assistant: [\"bob\"] -> []".to_owned()),
+        "{diff:?}"
+    );
+    assert!(report.kept.is_empty(), "{:?}", report.kept);
+    assert_eq!(
+        lines(&report.revocations),
+        ["revoked 1 host authorization(s) of bob for assistant"]
+    );
+
+    // An agent the files wrote and dropped goes; one added through the API is kept.
+    let r = app
+        .admin(
+            "POST",
+            "/api/v1/agents",
+            Some(serde_json::json!({"name": "scratch"})),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text);
+    std::fs::remove_dir_all(dir.path().join("agents/meteo")).unwrap();
+    let report = apply().await.unwrap();
+    assert!(
+        lines(&report.changes)
+            .iter()
+            .any(|c| c.starts_with("- agent meteo")),
+        "{:?}",
+        report.changes
+    );
+    assert_eq!(
+        lines(&report.kept),
+        ["kept agent scratch (added outside the files; --prune removes it)"]
     );
 }
