@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::record_change;
 use crate::audit::AdminAction;
-use crate::policy::snapshot::{AgentRecord, Discovery};
+use crate::policy::snapshot::{AgentRecord, Discovery, Managed};
 
 /// The fields of an agent that policies and the API set.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +15,7 @@ pub struct AgentSettings {
     pub notes: String,
     pub discovery: Discovery,
     pub pinned: Vec<String>,
+    pub managed: Option<Managed>,
 }
 
 pub async fn agent_id(conn: &mut PgConnection, name: &str) -> sqlx::Result<Option<Uuid>> {
@@ -31,13 +32,14 @@ pub async fn create_agent(
 ) -> sqlx::Result<Uuid> {
     let id = Uuid::now_v7();
     sqlx::query!(
-        "INSERT INTO agents (id, name, description, notes, discovery, pinned) VALUES ($1, $2, $3, $4, $5, $6)",
+        "INSERT INTO agents (id, name, description, notes, discovery, pinned, managed_by) VALUES ($1, $2, $3, $4, $5, $6, $7)",
         id,
         name,
         &s.description,
         &s.notes,
         s.discovery.as_str(),
         &s.pinned,
+        s.managed.map(Managed::as_str),
     )
         .execute(&mut *conn)
         .await?;
@@ -61,12 +63,13 @@ pub async fn update_agent(
     s: &AgentSettings,
 ) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE agents SET description = $2, notes = $3, discovery = $4, pinned = $5, updated_at = now() WHERE name = $1",
+        "UPDATE agents SET description = $2, notes = $3, discovery = $4, pinned = $5, managed_by = $6, updated_at = now() WHERE name = $1",
         name,
         &s.description,
         &s.notes,
         s.discovery.as_str(),
         &s.pinned,
+        s.managed.map(Managed::as_str),
     )
         .execute(&mut *conn)
         .await?;
@@ -79,6 +82,21 @@ pub async fn update_agent(
         Some(settings_json(s)),
     )
     .await
+}
+
+/// Whether the agent exists (`None` when not) and is managed by files; locks its row, so that
+/// an apply that marks it managed waits for, or is waited on by, the change being checked.
+pub async fn managed_by(
+    conn: &mut PgConnection,
+    name: &str,
+) -> sqlx::Result<Option<Option<Managed>>> {
+    Ok(sqlx::query_scalar!(
+        "SELECT managed_by FROM agents WHERE name = $1 FOR UPDATE",
+        name
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    .map(|m| m.as_deref().and_then(Managed::parse)))
 }
 
 /// Deletes an agent with its grants, limits and clients. Returns whether it existed.
@@ -101,7 +119,12 @@ pub async fn delete_agent(conn: &mut PgConnection, actor: &str, name: &str) -> s
 }
 
 fn settings_json(s: &AgentSettings) -> Value {
-    json!({"description": s.description, "discovery": s.discovery.as_str(), "pinned": s.pinned})
+    json!({
+        "description": s.description,
+        "discovery": s.discovery.as_str(),
+        "pinned": s.pinned,
+        "managed": s.managed.map(Managed::as_str),
+    })
 }
 
 /// A new agent or a new grant, for [`create_many`].
@@ -135,6 +158,7 @@ pub async fn create_many(
         Vec::new(),
         Vec::new(),
     );
+    let mut managed: Vec<Option<&str>> = Vec::new();
     let (mut g_ids, mut g_agents, mut g_targets) = (Vec::new(), Vec::new(), Vec::new());
     for (item, id) in items.iter().zip(&ids) {
         match item {
@@ -146,6 +170,7 @@ pub async fn create_many(
                 discovery.push(settings.discovery.as_str());
                 // Arrays of arrays do not unnest row by row: each list goes as JSON text.
                 pinned.push(Value::from(settings.pinned.clone()).to_string());
+                managed.push(settings.managed.map(Managed::as_str));
             }
             Creation::Grant { agent, target } => {
                 g_ids.push(*id);
@@ -158,16 +183,17 @@ pub async fn create_many(
     // `text[]`), so that no name is copied to be sent.
     if !a_ids.is_empty() {
         sqlx::query!(
-            "INSERT INTO agents (id, name, description, notes, discovery, pinned)
-             SELECT id, name, d, n, disc, ARRAY(SELECT jsonb_array_elements_text(p::jsonb))
-             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
-                 AS u(id, name, d, n, disc, p)",
+            "INSERT INTO agents (id, name, description, notes, discovery, pinned, managed_by)
+             SELECT id, name, d, n, disc, ARRAY(SELECT jsonb_array_elements_text(p::jsonb)), m
+             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+                 AS u(id, name, d, n, disc, p, m)",
             &a_ids,
             &names as &[&str],
             &descriptions as &[&str],
             &notes as &[&str],
             &discovery as &[&str],
             &pinned,
+            &managed as &[Option<&str>],
         )
         .execute(&mut *conn)
         .await?;
@@ -233,7 +259,7 @@ pub(super) async fn records(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRe
     let mut arguments = super::arguments::by_agent(&mut *conn).await?;
     let mut users = super::agent_users::agent_users(&mut *conn).await?;
     let rows = sqlx::query!(
-        "SELECT id, name, description, notes, discovery, pinned FROM agents ORDER BY name"
+        "SELECT id, name, description, notes, discovery, pinned, managed_by FROM agents ORDER BY name"
     )
     .fetch_all(&mut *conn)
     .await?;
@@ -248,6 +274,7 @@ pub(super) async fn records(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRe
                 notes: r.notes,
                 discovery: Discovery::parse(&r.discovery).unwrap_or_default(),
                 pinned: r.pinned,
+                managed: r.managed_by.as_deref().and_then(Managed::parse),
                 grants: grants.remove(&id).unwrap_or_default(),
                 limits: limits.remove(&id).unwrap_or_default(),
                 arguments: arguments.remove(&id).unwrap_or_default(),

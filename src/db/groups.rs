@@ -5,6 +5,7 @@ use sqlx::PgConnection;
 
 use super::record_change;
 use crate::audit::AdminAction;
+use crate::policy::snapshot::Managed;
 
 /// Group metadata from `policies/groups.yaml`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -18,22 +19,26 @@ pub struct GroupMeta {
     /// (pinned for upstream groups, not for script groups).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pin: Option<bool>,
+    /// `Some(Files)`: the admin UI and API leave it to `policy apply`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed: Option<Managed>,
 }
 
 pub async fn groups(conn: &mut PgConnection) -> sqlx::Result<Vec<GroupMeta>> {
-    Ok(
-        sqlx::query!("SELECT name, description, owner, pin FROM tool_groups ORDER BY name")
-            .fetch_all(&mut *conn)
-            .await?
-            .into_iter()
-            .map(|r| GroupMeta {
-                name: r.name,
-                description: r.description,
-                owner: r.owner,
-                pin: r.pin,
-            })
-            .collect(),
+    Ok(sqlx::query!(
+        "SELECT name, description, owner, pin, managed_by FROM tool_groups ORDER BY name"
     )
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .map(|r| GroupMeta {
+        name: r.name,
+        description: r.description,
+        owner: r.owner,
+        pin: r.pin,
+        managed: r.managed_by.as_deref().and_then(Managed::parse),
+    })
+    .collect())
 }
 
 pub async fn upsert_group(
@@ -43,12 +48,13 @@ pub async fn upsert_group(
     g: &GroupMeta,
 ) -> sqlx::Result<()> {
     sqlx::query!(
-        "INSERT INTO tool_groups (name, description, owner, pin) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description, owner = EXCLUDED.owner, pin = EXCLUDED.pin, updated_at = now()",
+        "INSERT INTO tool_groups (name, description, owner, pin, managed_by) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description, owner = EXCLUDED.owner, pin = EXCLUDED.pin, managed_by = EXCLUDED.managed_by, updated_at = now()",
         &g.name,
         &g.description,
         &g.owner,
         g.pin,
+        g.managed.map(Managed::as_str),
     )
     .execute(&mut *conn)
     .await?;
@@ -61,6 +67,20 @@ pub async fn upsert_group(
         Some(json!(g)),
     )
     .await
+}
+
+/// Whether the group's metadata is managed by files (a group without metadata is not); locks
+/// its row for the change being checked.
+pub async fn managed_by(conn: &mut PgConnection, name: &str) -> sqlx::Result<Option<Managed>> {
+    Ok(sqlx::query_scalar!(
+        "SELECT managed_by FROM tool_groups WHERE name = $1 FOR UPDATE",
+        name
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    .flatten()
+    .as_deref()
+    .and_then(Managed::parse))
 }
 
 pub async fn delete_group(conn: &mut PgConnection, actor: &str, name: &str) -> sqlx::Result<bool> {

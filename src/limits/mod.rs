@@ -681,6 +681,7 @@ mod tests {
                 notes: String::new(),
                 discovery: Discovery::Full,
                 pinned: vec![],
+                managed: None,
                 grants: vec![],
                 limits,
                 arguments: vec![],

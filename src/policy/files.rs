@@ -11,7 +11,7 @@ use sqlx::PgPool;
 
 use super::GrantTarget;
 use super::arguments::{self, ArgumentRules};
-use super::snapshot::{AgentRecord, Discovery, RateLimitRecord};
+use super::snapshot::{AgentRecord, Discovery, Managed, RateLimitRecord};
 use crate::db;
 use crate::db::agents::AgentSettings;
 use crate::db::groups::GroupMeta;
@@ -43,6 +43,10 @@ pub struct FrontMatter {
     /// People who may act as this agent through an interactive host: `users: [alice, bob]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<String>,
+    /// `managed: files`: the admin UI and API show the agent read-only; only `policy apply`
+    /// changes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed: Option<Managed>,
 }
 
 /// One agent file.
@@ -79,6 +83,7 @@ impl AgentFile {
             notes: self.body.clone(),
             discovery: self.front.discovery.unwrap_or_default(),
             pinned: self.front.pinned.clone(),
+            managed: self.front.managed,
         }
     }
 
@@ -157,6 +162,8 @@ struct GroupEntry {
     owner: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pin: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    managed: Option<Managed>,
 }
 
 fn shown(dir: &Path, path: &Path) -> String {
@@ -381,6 +388,7 @@ pub fn read_dir(dir: &Path) -> (PolicyDir, Vec<Problem>) {
                         description: e.description,
                         owner: e.owner,
                         pin: e.pin,
+                        managed: e.managed,
                     })
                     .collect();
             }
@@ -692,6 +700,15 @@ impl fmt::Display for Change {
                 if before.pinned != after.pinned {
                     write!(f, " pinned {:?} -> {:?}", before.pinned, after.pinned)?;
                 }
+                if before.managed != after.managed {
+                    let shown = |m: Option<Managed>| m.map_or("ui", Managed::as_str);
+                    write!(
+                        f,
+                        " managed {} -> {}",
+                        shown(before.managed),
+                        shown(after.managed)
+                    )?;
+                }
                 Ok(())
             }
             Change::DeleteAgent { name } => {
@@ -729,6 +746,11 @@ impl fmt::Display for Change {
                     let shown = |p: Option<bool>| p.map_or("unset".to_owned(), |p| p.to_string());
                     write!(f, " pin {} -> {}", shown(pin), shown(after.pin))?;
                 }
+                let managed = before.as_ref().and_then(|b| b.managed);
+                if managed != after.managed {
+                    let shown = |m: Option<Managed>| m.map_or("ui", Managed::as_str);
+                    write!(f, " managed {} -> {}", shown(managed), shown(after.managed))?;
+                }
                 Ok(())
             }
             Change::DeleteGroup { name } => write!(f, "- group {name}"),
@@ -759,6 +781,7 @@ fn settings_of(a: &AgentRecord) -> AgentSettings {
         notes: a.notes.clone(),
         discovery: a.discovery,
         pinned: a.pinned.clone(),
+        managed: a.managed,
     }
 }
 
@@ -1302,6 +1325,7 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
                 .map(|r| (r.target.clone(), serde_json::json!(r.params)))
                 .collect(),
             users: a.users.clone(),
+            managed: a.managed,
         };
         let yaml = serde_yaml::to_string(&front)?;
         let mut text = format!("---\n{yaml}---\n");
@@ -1341,6 +1365,7 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
                         description: g.description,
                         owner: g.owner,
                         pin: g.pin,
+                        managed: g.managed,
                     },
                 )
             })

@@ -50,6 +50,30 @@ impl Discovery {
     }
 }
 
+/// Where an agent or a group is edited when not in the admin UI and API: `managed: files` in
+/// its policy file makes it read-only everywhere but `policy apply`. Only `files` exists: a
+/// source the gateway cannot see (`git`, a CMDB) is still files by the time it is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Managed {
+    Files,
+}
+
+impl Managed {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Managed::Files => "files",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "files" => Some(Managed::Files),
+            _ => None,
+        }
+    }
+}
+
 /// One grant as stored.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GrantRecord {
@@ -128,6 +152,8 @@ pub struct AgentRecord {
     pub notes: String,
     pub discovery: Discovery,
     pub pinned: Vec<String>,
+    /// `Some(Files)`: changed only by `policy apply`.
+    pub managed: Option<Managed>,
     pub grants: Vec<GrantRecord>,
     pub limits: Vec<RateLimitRecord>,
     /// Argument rules, per tool or group.
@@ -779,6 +805,7 @@ mod incremental {
             notes: String::new(),
             discovery: Discovery::Full,
             pinned: Vec::new(),
+            managed: None,
             grants: grants
                 .iter()
                 .map(|g| GrantRecord {
@@ -884,6 +911,7 @@ mod scale {
                     notes: String::new(),
                     discovery: Discovery::Full,
                     pinned: Vec::new(),
+                    managed: None,
                     grants: vec![GrantRecord {
                         id: Uuid::nil(),
                         target: format!("g{:05}", a % groups),

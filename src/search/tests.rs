@@ -23,6 +23,7 @@ fn agent(name: &str, grants: &[String], discovery: Discovery, pinned: &[&str]) -
         notes: String::new(),
         discovery,
         pinned: pinned.iter().map(|p| p.to_string()).collect(),
+        managed: None,
         grants: grants
             .iter()
             .map(|g| GrantRecord {

@@ -7,7 +7,9 @@ use crate::db;
 use crate::db::agents::AgentSettings;
 use crate::names::{AgentName, Username};
 use crate::policy::arguments::{ArgumentRules, RuleProblem};
-use crate::policy::snapshot::{Discovery, GrantMatch, Parts, PolicySnapshot, RateLimitRecord};
+use crate::policy::snapshot::{
+    Discovery, GrantMatch, Managed, Parts, PolicySnapshot, RateLimitRecord,
+};
 use crate::state::AppState;
 
 /// An agent as the API and the UI show it.
@@ -17,6 +19,8 @@ pub struct AgentSummary {
     pub description: String,
     pub discovery: Discovery,
     pub pinned: Vec<String>,
+    /// `files`: read-only here, changed by `policy apply` from its policy file.
+    pub managed: Option<Managed>,
     pub grants: Vec<GrantMatch>,
     pub visible_tools: usize,
     /// Grants match nothing at all: this agent sees no tools.
@@ -38,6 +42,7 @@ pub fn summaries(snapshot: &PolicySnapshot) -> Vec<AgentSummary> {
             description: a.record.description.clone(),
             discovery: a.record.discovery,
             pinned: a.record.pinned.clone(),
+            managed: a.record.managed,
             grants: a.grant_matches.clone(),
             visible_tools: a.visible.len(),
             sees_nothing: a.visible.is_empty(),
@@ -73,6 +78,7 @@ pub async fn create(
         notes: String::new(),
         discovery,
         pinned: Vec::new(),
+        managed: None,
     };
     db::agents::create_agent(&mut tx, actor, name, &settings).await?;
     tx.commit().await?;
@@ -82,6 +88,7 @@ pub async fn create(
 
 pub async fn delete(state: &AppState, actor: &str, name: &str) -> Result<()> {
     let mut tx = state.db.begin().await?;
+    super::editable_agent(&mut tx, name).await?;
     if !db::agents::delete_agent(&mut tx, actor, name).await? {
         return Err(ServiceError::NotFound(format!("agent `{name}`")));
     }
@@ -117,6 +124,7 @@ pub async fn set_limits(
         .map(|a| a.record.limits.clone())
         .ok_or_else(|| ServiceError::NotFound(format!("agent `{agent}`")))?;
     let mut tx = state.db.begin().await?;
+    super::editable_agent(&mut tx, agent).await?;
     db::limits::set_limits(&mut tx, actor, agent, &before, &limits).await?;
     tx.commit().await?;
     refresh(state, Parts::ALL).await;
@@ -131,6 +139,7 @@ pub async fn add_user(
     username: &Username,
 ) -> Result<()> {
     let mut tx = state.db.begin().await?;
+    super::editable_agent(&mut tx, agent).await?;
     if !db::agent_users::add_agent_user(&mut tx, actor, agent, username).await? {
         return Err(ServiceError::NotFound(format!("agent `{agent}`")));
     }
@@ -142,6 +151,7 @@ pub async fn add_user(
 /// Stops a person acting as an agent; what they authorized for it is revoked with it.
 pub async fn remove_user(state: &AppState, actor: &str, agent: &str, username: &str) -> Result<()> {
     let mut tx = state.db.begin().await?;
+    super::editable_agent(&mut tx, agent).await?;
     if !db::agent_users::remove_agent_user(&mut tx, actor, agent, username).await? {
         return Err(ServiceError::NotFound(format!(
             "user `{username}` of agent `{agent}`"

@@ -34,6 +34,7 @@ pub async fn set(
         params,
     };
     let mut tx = state.db.begin().await?;
+    super::editable_agent(&mut tx, agent).await?;
     if !db::arguments::set_argument_rules(&mut tx, actor, agent, &rules).await? {
         return Err(ServiceError::NotFound(format!("agent `{agent}`")));
     }
@@ -112,6 +113,7 @@ pub fn preview(
 
 pub async fn delete(state: &AppState, actor: &str, agent: &str, target: &str) -> Result<()> {
     let mut tx = state.db.begin().await?;
+    super::editable_agent(&mut tx, agent).await?;
     if !db::arguments::delete_argument_rules(&mut tx, actor, agent, target).await? {
         return Err(ServiceError::NotFound(format!(
             "argument rules on `{target}` of agent `{agent}`"

@@ -48,9 +48,7 @@ pub async fn add(
     // Stored as it is written back: trimmed, in its one spelling.
     let target = &target.to_string();
     let mut tx = state.db.begin().await?;
-    if db::agents::agent_id(&mut tx, agent).await?.is_none() {
-        return Err(ServiceError::NotFound(format!("agent `{agent}`")));
-    }
+    super::editable_agent(&mut tx, agent).await?;
     if db::grants::add_grant(&mut tx, actor, agent, target)
         .await?
         .is_none()
@@ -81,6 +79,7 @@ pub async fn add(
 
 pub async fn remove(state: &AppState, actor: &str, agent: &str, target: &str) -> Result<()> {
     let mut tx = state.db.begin().await?;
+    super::editable_agent(&mut tx, agent).await?;
     if !db::grants::remove_grant(&mut tx, actor, agent, target).await? {
         return Err(ServiceError::NotFound(format!(
             "grant `{target}` of agent `{agent}`"

@@ -19,7 +19,10 @@ pub mod pins;
 pub mod tokens;
 pub mod upstreams;
 
-use crate::policy::snapshot::Parts;
+use sqlx::PgConnection;
+
+use crate::db;
+use crate::policy::snapshot::{Managed, Parts};
 use crate::state::AppState;
 
 /// Why a control-plane operation was refused.
@@ -42,6 +45,29 @@ pub type Result<T, E = ServiceError> = std::result::Result<T, E>;
 impl From<crate::names::NameError> for ServiceError {
     fn from(e: crate::names::NameError) -> Self {
         ServiceError::Invalid(e.to_string())
+    }
+}
+
+/// Refuses a change to an agent that its policy file manages (`managed: files`), with where
+/// to make it instead; and to one that does not exist. Run inside the change's transaction:
+/// it locks the agent's row, so an apply that marks it managed meanwhile is waited for.
+async fn editable_agent(conn: &mut PgConnection, agent: &str) -> Result<()> {
+    match db::agents::managed_by(conn, agent).await? {
+        None => Err(ServiceError::NotFound(format!("agent `{agent}`"))),
+        Some(Some(Managed::Files)) => Err(ServiceError::Conflict(format!(
+            "agent `{agent}` is managed by files: edit policies/agents/{agent}/agent.md and run `toolgate policy apply`"
+        ))),
+        Some(None) => Ok(()),
+    }
+}
+
+/// As [`editable_agent`], for a group's metadata (`managed: files` in `policies/groups.yaml`).
+async fn editable_group(conn: &mut PgConnection, group: &str) -> Result<()> {
+    match db::groups::managed_by(conn, group).await? {
+        Some(Managed::Files) => Err(ServiceError::Conflict(format!(
+            "group `{group}` is managed by files: edit policies/groups.yaml and run `toolgate policy apply`"
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -120,6 +120,7 @@ pub async fn set_group_pin(
     let group = group.as_str();
     let catalog = state.policy.catalog();
     let mut tx = state.db.begin().await?;
+    super::editable_group(&mut tx, group).await?;
     let before = db::pins::pinned_groups(&mut tx).await?;
     db::groups::set_pin(&mut tx, actor, group, pin).await?;
     let pinned = db::pins::pinned_groups(&mut tx).await?.contains(group);

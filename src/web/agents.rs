@@ -190,6 +190,10 @@ impl From<AgentTokens> for CostView {
 struct AgentPage {
     page: PageCtx,
     name: String,
+    /// Managed by files: shown read-only, with where to edit it.
+    managed: bool,
+    /// The viewer may change it: an admin, and not managed by files.
+    editable: bool,
     description: String,
     discovery: &'static str,
     grants: Vec<GrantRow>,
@@ -258,6 +262,8 @@ pub async fn show(
         .collect();
     let page = AgentPage {
         page: ctx.page(Nav::Agents, format!("Agent {name}")),
+        managed: agent.record.managed.is_some(),
+        editable: ctx.role().can_edit() && agent.record.managed.is_none(),
         description: agent.record.description.clone(),
         discovery: agent.record.discovery.as_str(),
         grants,

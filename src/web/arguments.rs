@@ -37,6 +37,10 @@ pub struct RulePreview {
 struct EditPage {
     page: PageCtx,
     agent: String,
+    /// Managed by files: shown read-only, with where to edit it.
+    managed: bool,
+    /// The viewer may change it: an admin, and not managed by files.
+    editable: bool,
     rows: Vec<RuleRow>,
     target: String,
     params: String,
@@ -80,6 +84,8 @@ fn page(
     Ok(EditPage {
         page: ctx.page(Nav::Agents, format!("Argument rules of {agent}")),
         agent: agent.to_owned(),
+        managed: view.record.managed.is_some(),
+        editable: ctx.role().can_edit() && view.record.managed.is_none(),
         rows,
         target: target.to_owned(),
         params: params.to_owned(),

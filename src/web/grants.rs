@@ -76,6 +76,8 @@ pub struct GrantListRow {
     pub matched_tools: usize,
     pub created_by: String,
     pub created_at: String,
+    /// The agent is managed by files: no remove link.
+    pub managed: bool,
 }
 
 #[derive(Template)]
@@ -101,6 +103,7 @@ pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, 
                     matched_tools: m.matched_tools,
                     created_by: rec.map(|g| g.created_by.clone()).unwrap_or_default(),
                     created_at: rec.map(|g| when(&g.created_at)).unwrap_or_default(),
+                    managed: a.record.managed.is_some(),
                 }
             })
         })

@@ -114,6 +114,10 @@ pub const PERIODS: [(&str, &str); 3] = [
 struct EditPage {
     page: PageCtx,
     agent: String,
+    /// Managed by files: shown read-only, with where to edit it.
+    managed: bool,
+    /// The viewer may change it: an admin, and not managed by files.
+    editable: bool,
     rows: Vec<LimitInput>,
     error: Option<String>,
     options: Vec<CatalogOption>,
@@ -131,6 +135,11 @@ fn edit_page(
 ) -> EditPage {
     let start = rows.len();
     rows.extend((0..BLANK_ROWS).map(|i| LimitInput::blank(start + i)));
+    let managed = state
+        .policy
+        .load()
+        .agent(agent)
+        .is_some_and(|a| a.record.managed.is_some());
     // Keep indices dense after a failed submit dropped removed rows.
     for (i, r) in rows.iter_mut().enumerate() {
         r.index = i;
@@ -138,6 +147,8 @@ fn edit_page(
     EditPage {
         page: ctx.page(Nav::Limits, format!("Rate limits of {agent}")),
         agent: agent.to_owned(),
+        managed,
+        editable: ctx.role().can_edit() && !managed,
         rows,
         error,
         options: catalog_options(&state.policy.load()),

@@ -2,6 +2,7 @@
 
 use std::process::Command;
 
+use serde_json::json;
 use sqlx::PgPool;
 
 use crate::helpers::{TestApp, repo_path, until};
@@ -684,5 +685,177 @@ async fn policy_apply_removes_what_the_files_wrote_and_then_dropped(pool: PgPool
     assert_eq!(
         lines(&report.kept),
         ["kept agent scratch (added outside the files; --prune removes it)"]
+    );
+}
+
+/// Marks an agent file of `dir` `managed: files` (a front-matter line after the opening `---`).
+fn mark_managed(dir: &std::path::Path, agent: &str, value: &str) {
+    let path = dir.join("agents").join(agent).join("agent.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text = text.replacen("---\n", &format!("---\nmanaged: {value}\n"), 1);
+    std::fs::write(&path, text).unwrap();
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_managed_agent_is_read_only_in_the_ui_and_the_api(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let catalog = app.state.policy.catalog();
+    let dir = editable_policies();
+    mark_managed(dir.path(), "assistant", "files");
+    let apply = || {
+        toolgate::policy::files::apply_dir(&pool, dir.path(), &catalog, "test", false, false, false)
+    };
+    let report = apply().await.unwrap();
+    assert_eq!(
+        lines(&report.changes),
+        ["~ agent assistant managed ui -> files"]
+    );
+    app.state.reload_policy().await.unwrap();
+    let grants_before = app
+        .state
+        .policy
+        .load()
+        .agent("assistant")
+        .unwrap()
+        .record
+        .grants
+        .len();
+
+    // Every change the API offers for an agent's policy is refused, saying where to make it.
+    let said = "agent `assistant` is managed by files: edit policies/agents/assistant/agent.md and run `toolgate policy apply`";
+    let attempts = [
+        (
+            "POST",
+            "/api/v1/agents/assistant/grants",
+            Some(json!({"target": "weather"})),
+        ),
+        ("DELETE", "/api/v1/agents/assistant/grants/search", None),
+        ("PUT", "/api/v1/agents/assistant/users/alice", None),
+        (
+            "PUT",
+            "/api/v1/agents/assistant/rate-limits",
+            Some(json!({"rate_limits": [{"per_minute": 5}]})),
+        ),
+        (
+            "PUT",
+            "/api/v1/agents/assistant/arguments/search",
+            Some(json!({"query": {"maxLength": 10}})),
+        ),
+        ("DELETE", "/api/v1/agents/assistant", None),
+    ];
+    for (method, uri, body) in attempts {
+        let r = app.admin(method, uri, body).await;
+        assert_eq!(
+            r.status,
+            http::StatusCode::CONFLICT,
+            "{method} {uri}: {}",
+            r.text
+        );
+        assert_eq!(r.body["error"], said, "{method} {uri}");
+    }
+    let snapshot = app.state.policy.load();
+    let agent = snapshot.agent("assistant").unwrap();
+    assert_eq!(agent.record.grants.len(), grants_before);
+    assert!(agent.record.users.is_empty() && agent.record.limits.is_empty());
+    // The API says it is managed; an agent not marked stays editable.
+    let shown = app.admin("GET", "/api/v1/agents/assistant", None).await;
+    assert_eq!(shown.body["agent"]["managed"], "files", "{}", shown.text);
+    let r = app
+        .admin(
+            "POST",
+            "/api/v1/agents/meteo/grants",
+            Some(json!({"target": "search"})),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text);
+    // A group's metadata likewise.
+    std::fs::write(
+        dir.path().join("groups.yaml"),
+        "groups: {weather: {description: Forecasts, managed: files}}\n",
+    )
+    .unwrap();
+    apply().await.unwrap();
+    let r = app
+        .admin(
+            "PUT",
+            "/api/v1/groups/weather/pin",
+            Some(json!({"pin": true})),
+        )
+        .await;
+    assert_eq!(r.status, http::StatusCode::CONFLICT, "{}", r.text);
+    assert_eq!(
+        r.body["error"],
+        "group `weather` is managed by files: edit policies/groups.yaml and run `toolgate policy apply`"
+    );
+
+    // The UI shows it read-only with where to edit it, and refuses a forged form.
+    let mut b = crate::web::Browser::signed_in(&app, "ada", "admin").await;
+    let page = b.get("/admin/agents/assistant").await.text;
+    assert!(page.contains("data-managed=\"files\""), "{page}");
+    assert!(
+        page.contains("policies/agents/assistant/agent.md"),
+        "{page}"
+    );
+    assert!(!page.contains("data-grant-form"), "{page}");
+    assert!(!page.contains("/admin/agents/assistant/users\""), "{page}");
+    assert!(!page.contains("Delete this agent"), "{page}");
+    for (sub, save) in [("limits", "Save limits"), ("arguments", "Save rules")] {
+        let page = b.get(&format!("/admin/agents/assistant/{sub}")).await.text;
+        assert!(page.contains("data-managed=\"files\""), "{sub}: {page}");
+        assert!(!page.contains(save), "{sub}: {page}");
+    }
+    let editable = b.get("/admin/agents/meteo").await.text;
+    assert!(editable.contains("data-grant-form") && !editable.contains("data-managed"));
+    let r = b
+        .submit(
+            "/admin/agents/meteo",
+            "/admin/grants",
+            &[
+                ("agent", "assistant"),
+                ("target", "weather"),
+                ("action", "save"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, http::StatusCode::CONFLICT, "{}", r.text);
+    assert!(r.text.contains("is managed by files"), "{}", r.text);
+
+    // Export writes the mark back; apply without it hands the agent back to the UI.
+    let out = tempfile::tempdir().unwrap();
+    toolgate::policy::files::export(&pool, out.path())
+        .await
+        .unwrap();
+    let exported = std::fs::read_to_string(out.path().join("agents/assistant/agent.md")).unwrap();
+    assert!(exported.contains("managed: files"), "{exported}");
+    let path = dir.path().join("agents/assistant/agent.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replacen("managed: files\n", "", 1)).unwrap();
+    let report = apply().await.unwrap();
+    assert_eq!(
+        lines(&report.changes),
+        ["~ agent assistant managed files -> ui"]
+    );
+    app.state.reload_policy().await.unwrap();
+    let r = app
+        .admin(
+            "POST",
+            "/api/v1/agents/assistant/grants",
+            Some(json!({"target": "weather"})),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text);
+}
+
+#[test]
+fn a_managed_value_other_than_files_is_a_located_problem() {
+    let dir = editable_policies();
+    mark_managed(dir.path(), "meteo", "git");
+    let (_, problems) = toolgate::policy::files::read_dir(dir.path());
+    let shown = lines(&problems);
+    assert_eq!(shown.len(), 1, "{shown:?}");
+    assert!(
+        shown[0].contains("meteo/agent.md:2:")
+            && shown[0].contains("unknown variant `git`, expected `files`"),
+        "{shown:?}"
     );
 }
