@@ -12,6 +12,7 @@ use sqlx::PgPool;
 use super::GrantTarget;
 use super::arguments::{self, ArgumentRules};
 use super::snapshot::{AgentRecord, Discovery, Managed, RateLimitRecord};
+use super::style;
 use crate::db;
 use crate::db::agents::AgentSettings;
 use crate::db::groups::GroupMeta;
@@ -1293,7 +1294,24 @@ pub async fn apply_dir(
     })
 }
 
-/// Writes the database as policy files that `apply` turns into no change.
+/// Whether an agent file's front matter and body already say `front` and `notes` (a written
+/// `discovery: full` is the default the export leaves out).
+fn says_the_same(yaml: &str, body: &str, front: &FrontMatter, notes: &str) -> bool {
+    let read: Option<FrontMatter> = if yaml.trim().is_empty() {
+        Some(FrontMatter::default())
+    } else {
+        serde_yaml::from_str(yaml).ok()
+    };
+    read.is_some_and(|mut read| {
+        if read.discovery == Some(Discovery::Full) {
+            read.discovery = None;
+        }
+        read == *front && body.trim() == notes
+    })
+}
+
+/// Writes the database as policy files that `apply` turns into no change, each in the style
+/// of the file it replaces (see [`style`]).
 pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
     let state = db::snapshot::load_state(pool).await?;
     let mut conn = pool.acquire().await?;
@@ -1327,16 +1345,23 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
             users: a.users.clone(),
             managed: a.managed,
         };
-        let yaml = serde_yaml::to_string(&front)?;
+        let folder = agents_dir.join(&a.name);
+        let path = folder.join("agent.md");
+        let previous = std::fs::read_to_string(&path).ok();
+        let previous = previous.as_deref().and_then(split_front_matter);
+        // A file that already says this is left as it is, comments and all.
+        if previous.is_some_and(|(yaml, body)| says_the_same(yaml, body, &front, &a.notes)) {
+            continue;
+        }
+        let yaml = style::to_yaml_like(&serde_json::to_value(&front)?, previous.map(|p| p.0))?;
         let mut text = format!("---\n{yaml}---\n");
         if !a.notes.is_empty() {
             text.push('\n');
             text.push_str(&a.notes);
             text.push('\n');
         }
-        let folder = agents_dir.join(&a.name);
         std::fs::create_dir_all(&folder)?;
-        std::fs::write(folder.join("agent.md"), text)?;
+        std::fs::write(path, text)?;
     }
     let upstreams = db::upstreams::upstreams(&mut conn).await?;
     if !upstreams.is_empty() {
@@ -1344,10 +1369,10 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
         std::fs::create_dir_all(&up_dir)?;
         for (name, spec) in &upstreams {
             let spec: crate::upstream::UpstreamSpec = serde_json::from_value(spec.clone())?;
-            std::fs::write(
-                up_dir.join(format!("{name}.yaml")),
-                serde_yaml::to_string(&spec)?,
-            )?;
+            let path = up_dir.join(format!("{name}.yaml"));
+            let previous = std::fs::read_to_string(&path).ok();
+            let yaml = style::to_yaml_like(&serde_json::to_value(&spec)?, previous.as_deref())?;
+            std::fs::write(path, yaml)?;
         }
     }
     let groups_path = dir.join("groups.yaml");
@@ -1374,7 +1399,12 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
         struct Out {
             groups: BTreeMap<String, GroupEntry>,
         }
-        std::fs::write(groups_path, serde_yaml::to_string(&Out { groups: map })?)?;
+        let previous = std::fs::read_to_string(&groups_path).ok();
+        let value = serde_json::to_value(Out { groups: map })?;
+        std::fs::write(
+            &groups_path,
+            style::to_yaml_like(&value, previous.as_deref())?,
+        )?;
     }
     Ok(state.agents.len())
 }

@@ -4,6 +4,7 @@
 pub mod arguments;
 pub mod files;
 pub mod snapshot;
+pub mod style;
 
 use std::fmt;
 use std::sync::Arc;

@@ -859,3 +859,36 @@ fn a_managed_value_other_than_files_is_a_located_problem() {
         "{shown:?}"
     );
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn policy_export_keeps_the_style_it_read(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let dir = editable_policies();
+    let assistant = std::fs::read_to_string(dir.path().join("agents/assistant/agent.md")).unwrap();
+    // A comment survives where nothing changed.
+    let meteo_path = dir.path().join("agents/meteo/agent.md");
+    let meteo = std::fs::read_to_string(&meteo_path).unwrap();
+    let commented = assistant.replacen("---\n", "---\n# reviewed by the platform team\n", 1);
+    std::fs::write(dir.path().join("agents/assistant/agent.md"), &commented).unwrap();
+    let r = app
+        .admin(
+            "POST",
+            "/api/v1/agents/meteo/grants",
+            Some(json!({"target": "search"})),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text);
+
+    toolgate::policy::files::export(&pool, dir.path())
+        .await
+        .unwrap();
+
+    let after = std::fs::read_to_string(dir.path().join("agents/assistant/agent.md")).unwrap();
+    assert_eq!(after, commented, "an unchanged agent's file was rewritten");
+    let after = std::fs::read_to_string(&meteo_path).unwrap();
+    assert_eq!(
+        after,
+        meteo.replace("tools: [weather]", "tools: [search, weather]"),
+        "the changed file changed in more than its one line"
+    );
+}
