@@ -1112,6 +1112,56 @@ pub struct ApplyReport {
     pub applied: bool,
 }
 
+/// How the folder and the database differ, as the dashboard shows it: what `apply` would do,
+/// and what it would keep (changed outside the files since the last apply).
+#[derive(Debug, Default)]
+pub struct Drift {
+    /// The folder does not read: nothing compared.
+    pub problems: Vec<Problem>,
+    pub changes: Vec<Change>,
+    pub kept: Vec<Kept>,
+}
+
+/// Compares the folder with the database, as a dry run of `apply` without `--prune` would,
+/// without taking the apply lock (a concurrent apply makes this one momentarily stale, which
+/// the next look corrects).
+pub async fn drift(
+    pool: &PgPool,
+    dir: &Path,
+    agents: &[AgentRecord],
+) -> Result<Drift, sqlx::Error> {
+    let owned = dir.to_owned();
+    let read = tokio::task::spawn_blocking(move || {
+        let (policies, mut problems) = read_dir(&owned);
+        problems.extend(validate(&policies));
+        (policies, problems)
+    })
+    .await;
+    let Ok((policies, problems)) = read else {
+        return Ok(Drift::default());
+    };
+    if !problems.is_empty() {
+        return Ok(Drift {
+            problems,
+            ..Drift::default()
+        });
+    }
+    let mut conn = pool.acquire().await?;
+    let groups = db::groups::groups(&mut conn).await?;
+    let upstreams = db::upstreams::upstreams(&mut conn).await?;
+    let applied = Applied::from_rows(&db::policy_applied::load(&mut conn).await?);
+    let (changes, kept) = hold_back(
+        plan(&policies, agents, &groups, &upstreams),
+        &applied,
+        false,
+    );
+    Ok(Drift {
+        problems: Vec::new(),
+        changes,
+        kept,
+    })
+}
+
 /// Why `apply` refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {

@@ -16,6 +16,7 @@ pub mod clients;
 pub mod grants;
 pub mod keys;
 pub mod pins;
+pub mod policy;
 pub mod tokens;
 pub mod upstreams;
 

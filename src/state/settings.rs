@@ -19,6 +19,8 @@ pub struct Settings {
     /// The canonical `/mcp` URL: the audience of access tokens.
     pub audience: String,
     pub tools_dir: PathBuf,
+    /// The policies folder, compared with the database on the dashboard.
+    pub policies_dir: PathBuf,
     pub dev_agent: Option<String>,
     pub admin_token: Option<String>,
     pub token_ttl: Duration,
@@ -104,6 +106,7 @@ impl Settings {
             audience: format!("{issuer}/mcp"),
             issuer,
             tools_dir: args.tools_dir.clone(),
+            policies_dir: args.policies_dir.clone(),
             dev_agent: args.dev_agent.clone(),
             admin_token: args.admin_token.clone().filter(|t| !t.is_empty()),
             token_ttl: Duration::from_secs(args.token_ttl_secs.clamp(5, 86_400)),

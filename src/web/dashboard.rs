@@ -119,6 +119,37 @@ struct DashboardPage {
     rows: Vec<AgentRow>,
     /// Tools of pinned groups held for approval.
     held: usize,
+    /// How the database differs from the policies folder, when there is one.
+    drift: Option<DriftView>,
+}
+
+/// The drift between the policies folder and the database, as lines to show (the first
+/// [`DRIFT_SHOWN`] of each list, with the count of the rest).
+struct DriftView {
+    problems: Vec<String>,
+    changes: Vec<String>,
+    kept: Vec<String>,
+    more_changes: usize,
+    more_kept: usize,
+}
+
+const DRIFT_SHOWN: usize = 20;
+
+fn drift_view(d: &crate::policy::files::Drift) -> DriftView {
+    let first = |items: Vec<String>| -> (Vec<String>, usize) {
+        let more = items.len().saturating_sub(DRIFT_SHOWN);
+        (items.into_iter().take(DRIFT_SHOWN).collect(), more)
+    };
+    let (problems, _) = first(d.problems.iter().map(ToString::to_string).collect());
+    let (changes, more_changes) = first(d.changes.iter().map(ToString::to_string).collect());
+    let (kept, more_kept) = first(d.kept.iter().map(ToString::to_string).collect());
+    DriftView {
+        problems,
+        changes,
+        kept,
+        more_changes,
+        more_kept,
+    }
 }
 
 pub async fn show(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
@@ -127,6 +158,14 @@ pub async fn show(State(state): State<WebState>, ctx: Ctx) -> Result<Response, W
     let (zero_match, blind) = problems(&summaries);
     let since = chrono::Utc::now() - chrono::Duration::hours(24);
     let (calls, denials) = service::audit_access::counts_since(&state, since).await?;
+    // The page still shows everything else when the comparison cannot be made.
+    let drift = match service::policy::drift(&state).await {
+        Ok(d) => d.as_ref().map(drift_view),
+        Err(e) => {
+            tracing::warn!(error = %e, "comparing the policies folder with the database failed");
+            None
+        }
+    };
     let page = DashboardPage {
         page: ctx.page(Nav::Dashboard, "Dashboard"),
         zero_match,
@@ -140,6 +179,7 @@ pub async fn show(State(state): State<WebState>, ctx: Ctx) -> Result<Response, W
         calls_24h: thousands(calls.max(0) as usize),
         denials_24h: thousands(denials.max(0) as usize),
         held: snapshot.held_count(),
+        drift,
         rows: summaries
             .iter()
             .map(|a| AgentRow {

@@ -892,3 +892,51 @@ async fn policy_export_keeps_the_style_it_read(pool: PgPool) {
         "the changed file changed in more than its one line"
     );
 }
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn the_dashboard_shows_drift_between_the_folder_and_the_database(pool: PgPool) {
+    let dir = editable_policies();
+    let folder = dir.path().to_str().unwrap();
+    let app = TestApp::with(
+        pool,
+        &repo_path("tools"),
+        Some(dir.path()),
+        &["--policies-dir", folder],
+    )
+    .await;
+    let mut b = crate::web::Browser::signed_in(&app, "ada", "admin").await;
+    let page = b.get("/admin").await.text;
+    assert!(page.contains("data-drift=\"none\""), "{page}");
+
+    // A grant added in the UI is drift that apply keeps; a file edited is drift apply makes.
+    let r = app
+        .admin(
+            "POST",
+            "/api/v1/agents/assistant/grants",
+            Some(json!({"target": "weather"})),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text);
+    let meteo = dir.path().join("agents/meteo/agent.md");
+    let text = std::fs::read_to_string(&meteo).unwrap();
+    std::fs::write(
+        &meteo,
+        text.replace("tools: [weather]", "tools: [weather, search]"),
+    )
+    .unwrap();
+    let page = b.get("/admin").await.text;
+    assert!(page.contains("data-drift=\"drifted\""), "{page}");
+    assert!(
+        page.contains(
+            "kept grant assistant -&#62; weather (added outside the files; --prune removes it)"
+        ),
+        "{page}"
+    );
+    assert!(page.contains("+ grant meteo -&#62; search"), "{page}");
+
+    // A folder that does not read is said so, not compared.
+    std::fs::write(&meteo, "---\ntools: [weather\n---\n").unwrap();
+    let page = b.get("/admin").await.text;
+    assert!(page.contains("data-drift=\"unreadable\""), "{page}");
+    assert!(page.contains("meteo/agent.md:"), "{page}");
+}
