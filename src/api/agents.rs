@@ -33,12 +33,19 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/grants/preview", get(preview_grant))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/agents",
+    tag = "agents",
+    summary = "List agents",
+    responses((status = 200, body = serde_json::Value, description = "Every agent with its grants, matched tools, problems and limits"))
+)]
 async fn list_agents(State(state): State<AppState>) -> Json<Value> {
     let snapshot = state.policy.load();
     Json(json!({"agents": service::agents::summaries(&snapshot)}))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct NewAgent {
     name: String,
     #[serde(default)]
@@ -46,6 +53,14 @@ struct NewAgent {
     discovery: Option<String>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/agents",
+    tag = "agents",
+    summary = "Create an agent",
+    request_body = NewAgent,
+    responses((status = 201, body = serde_json::Value, description = "Created"))
+)]
 async fn create_agent(
     State(state): State<AppState>,
     Json(body): Json<NewAgent>,
@@ -62,6 +77,14 @@ async fn create_agent(
     Ok((StatusCode::CREATED, Json(json!({"name": body.name}))).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/agents/{name}",
+    tag = "agents",
+    summary = "Show an agent",
+    params(("name" = String, Path, description = "Agent name")),
+    responses((status = 200, body = serde_json::Value, description = "The agent, the tools it sees and what its tools/list costs in tokens"))
+)]
 async fn get_agent(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -83,6 +106,14 @@ async fn get_agent(
     ))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/v1/agents/{name}",
+    tag = "agents",
+    summary = "Delete an agent",
+    params(("name" = String, Path, description = "Agent name")),
+    responses((status = 204, description = "Deleted, with its grants, limits and clients"))
+)]
 async fn delete_agent(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -91,11 +122,20 @@ async fn delete_agent(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct NewGrant {
     target: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/agents/{name}/grants",
+    tag = "grants",
+    summary = "Add a grant",
+    params(("name" = String, Path, description = "Agent name")),
+    request_body = NewGrant,
+    responses((status = 201, body = serde_json::Value, description = "Added; `matched_tools`, `warning` (zero match) and `reaches` say what it does"))
+)]
 async fn add_grant(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -106,6 +146,14 @@ async fn add_grant(
     Ok((StatusCode::CREATED, Json(added)).into_response())
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/v1/agents/{name}/grants/{target}",
+    tag = "grants",
+    summary = "Remove a grant",
+    params(("name" = String, Path, description = "Agent name"), ("target" = String, Path, description = "A group name or an exact tool name")),
+    responses((status = 204, description = "Removed: live on the agent's next request"))
+)]
 async fn remove_grant(
     State(state): State<AppState>,
     Path((name, target)): Path<(String, String)>,
@@ -115,6 +163,15 @@ async fn remove_grant(
 }
 
 /// `PUT /agents/<agent>/arguments/<tool-or-group>` with `{"param": {rule}, ...}`.
+#[utoipa::path(
+    put,
+    path = "/api/v1/agents/{name}/arguments/{target}",
+    tag = "grants",
+    summary = "Set argument rules on a tool or group",
+    params(("name" = String, Path, description = "Agent name"), ("target" = String, Path, description = "A group name or an exact tool name")),
+    request_body = serde_json::Value,
+    responses((status = 200, body = serde_json::Value, description = "Set; `problems` lists what the rules cannot do"))
+)]
 async fn put_arguments(
     State(state): State<AppState>,
     Path((name, target)): Path<(String, String)>,
@@ -125,6 +182,14 @@ async fn put_arguments(
     ))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/v1/agents/{name}/arguments/{target}",
+    tag = "grants",
+    summary = "Remove argument rules",
+    params(("name" = String, Path, description = "Agent name"), ("target" = String, Path, description = "A group name or an exact tool name")),
+    responses((status = 204, description = "Removed"))
+)]
 async fn delete_arguments(
     State(state): State<AppState>,
     Path((name, target)): Path<(String, String)>,
@@ -138,6 +203,14 @@ struct PreviewQuery {
     target: String,
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/grants/preview",
+    tag = "grants",
+    summary = "Preview a grant",
+    params(("target" = String, Query, description = "A group name or an exact tool name")),
+    responses((status = 200, body = serde_json::Value, description = "The tools it would match and, when none, suggestions"))
+)]
 async fn preview_grant(
     State(state): State<AppState>,
     axum::extract::Query(q): axum::extract::Query<PreviewQuery>,
@@ -148,6 +221,14 @@ async fn preview_grant(
     ))
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/v1/agents/{name}/users/{username}",
+    tag = "agents",
+    summary = "Let a person act as an agent",
+    params(("name" = String, Path, description = "Agent name"), ("username" = String, Path, description = "Username of a person")),
+    responses((status = 204, description = "The person may act as the agent through a host"))
+)]
 async fn put_agent_user(
     State(state): State<AppState>,
     Path((name, username)): Path<(String, String)>,
@@ -157,6 +238,14 @@ async fn put_agent_user(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/v1/agents/{name}/users/{username}",
+    tag = "agents",
+    summary = "Stop a person acting as an agent",
+    params(("name" = String, Path, description = "Agent name"), ("username" = String, Path, description = "Username of a person")),
+    responses((status = 204, description = "Removed; their host authorizations for the agent are revoked"))
+)]
 async fn delete_agent_user(
     State(state): State<AppState>,
     Path((name, username)): Path<(String, String)>,
@@ -165,6 +254,14 @@ async fn delete_agent_user(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/agents/{name}/rate-limits",
+    tag = "agents",
+    summary = "Show rate limits",
+    params(("name" = String, Path, description = "Agent name")),
+    responses((status = 200, body = serde_json::Value, description = "`rate_limits`: the agent's limits"))
+)]
 async fn get_limits(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -176,11 +273,22 @@ async fn get_limits(
     Ok(Json(json!({"rate_limits": agent.record.limits})))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct LimitsBody {
+    /// Each `{"pattern": <group or tool, absent for the whole agent>, "per_second" | "per_minute" | "per_hour": <rate>, "burst": <n>}`.
+    #[schema(value_type = Vec<Object>)]
     rate_limits: Vec<crate::policy::snapshot::RateLimitRecord>,
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/v1/agents/{name}/rate-limits",
+    tag = "agents",
+    summary = "Replace rate limits",
+    params(("name" = String, Path, description = "Agent name")),
+    request_body = LimitsBody,
+    responses((status = 200, body = serde_json::Value, description = "The limits as stored"))
+)]
 async fn set_limits(
     State(state): State<AppState>,
     Path(name): Path<String>,

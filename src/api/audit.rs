@@ -35,6 +35,14 @@ struct AuditQuery {
 }
 
 /// Newest first; `next_before` is the cursor for the next (older) page.
+#[utoipa::path(
+    get,
+    path = "/api/v1/audit",
+    tag = "audit",
+    summary = "Read the audit log",
+    params(super::openapi::AuditParams),
+    responses((status = 200, body = serde_json::Value, description = "`events`, newest first, and `next_before`, the cursor of the next page"))
+)]
 async fn list_audit(
     State(state): State<AppState>,
     axum::extract::Query(q): axum::extract::Query<AuditQuery>,
@@ -49,6 +57,14 @@ async fn list_audit(
     Ok(Json(json!({"events": rows, "next_before": next})))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/audit/{id}",
+    tag = "audit",
+    summary = "Read one audit event",
+    params(("id" = i64, Path, description = "Event id")),
+    responses((status = 200, body = serde_json::Value, description = "One event"))
+)]
 async fn get_audit(State(state): State<AppState>, Path(id): Path<i64>) -> ApiResult<Json<Value>> {
     let row = audit_access::row(&state, READER, id).await?;
     Ok(Json(json!({"event": row})))
@@ -63,6 +79,14 @@ struct ExportQuery {
 
 /// Streams the export: one row in memory at a time, whatever the range, once its record
 /// (`audit.export`, with the filter) is durable.
+#[utoipa::path(
+    get,
+    path = "/api/v1/audit/export",
+    tag = "audit",
+    summary = "Export the audit log",
+    params(super::openapi::ExportParams),
+    responses((status = 200, description = "The rows, streamed", content(("text/csv"), ("application/x-ndjson"))))
+)]
 async fn export_audit(
     State(state): State<AppState>,
     axum::extract::Query(q): axum::extract::Query<ExportQuery>,

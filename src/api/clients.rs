@@ -33,6 +33,14 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/tokens/revoke", post(revoke_token))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/agents/{name}/clients",
+    tag = "clients",
+    summary = "List an agent's clients",
+    params(("name" = String, Path, description = "Agent name")),
+    responses((status = 200, body = serde_json::Value, description = "The agent's OAuth clients (never their secrets)"))
+)]
 async fn list_clients(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -43,13 +51,22 @@ async fn list_clients(
     Ok(Json(json!({"clients": clients})))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 struct NewClientBody {
     #[serde(default)]
     description: String,
     jwks: Option<Value>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/agents/{name}/clients",
+    tag = "clients",
+    summary = "Create a client for an agent",
+    params(("name" = String, Path, description = "Agent name")),
+    request_body = NewClientBody,
+    responses((status = 201, body = serde_json::Value, description = "Created; the secret is in this answer only"))
+)]
 async fn create_client(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -72,6 +89,14 @@ async fn create_client(
         .into_response())
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/v1/clients/{client_id}",
+    tag = "clients",
+    summary = "Delete a client",
+    params(("client_id" = String, Path, description = "OAuth client id")),
+    responses((status = 204, description = "Deleted; its tokens stop working"))
+)]
 async fn delete_client(
     State(state): State<AppState>,
     Path(client_id): Path<String>,
@@ -80,6 +105,13 @@ async fn delete_client(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/public-clients",
+    tag = "clients",
+    summary = "List public clients",
+    responses((status = 200, body = serde_json::Value, description = "Public (host) clients, registered or held"))
+)]
 async fn list_public_clients(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     let clients = crate::db::public_clients::public_clients(&state.db)
         .await
@@ -87,13 +119,22 @@ async fn list_public_clients(State(state): State<AppState>) -> ApiResult<Json<Va
     Ok(Json(json!({"public_clients": clients})))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PublicClientBody {
     client_name: String,
     redirect_uris: Vec<String>,
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/v1/public-clients/{client_id}",
+    tag = "clients",
+    summary = "Register a public client",
+    params(("client_id" = String, Path, description = "OAuth client id")),
+    request_body = PublicClientBody,
+    responses((status = 200, body = serde_json::Value, description = "Registered or updated"))
+)]
 async fn put_public_client(
     State(state): State<AppState>,
     Path(client_id): Path<String>,
@@ -111,6 +152,14 @@ async fn put_public_client(
 }
 
 /// Approves a host's held registration (`--oauth-registration held`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/public-clients/{client_id}/approve",
+    tag = "clients",
+    summary = "Approve a held registration",
+    params(("client_id" = String, Path, description = "OAuth client id")),
+    responses((status = 200, body = serde_json::Value, description = "Approved: it may now ask people to sign in"))
+)]
 async fn approve_public_client(
     State(state): State<AppState>,
     Path(client_id): Path<String>,
@@ -122,6 +171,14 @@ async fn approve_public_client(
     Ok(Json(json!({"public_client": client})))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/v1/public-clients/{client_id}",
+    tag = "clients",
+    summary = "Delete a public client",
+    params(("client_id" = String, Path, description = "OAuth client id")),
+    responses((status = 204, description = "Deleted, with its authorizations"))
+)]
 async fn delete_public_client(
     State(state): State<AppState>,
     Path(client_id): Path<String>,
@@ -135,6 +192,14 @@ struct AuthorizationsQuery {
     username: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/authorizations",
+    tag = "clients",
+    summary = "List host authorizations",
+    params(("username" = Option<String>, Query, description = "Only this person's")),
+    responses((status = 200, body = serde_json::Value, description = "Live host authorizations"))
+)]
 async fn list_authorizations(
     State(state): State<AppState>,
     axum::extract::Query(q): axum::extract::Query<AuthorizationsQuery>,
@@ -145,6 +210,14 @@ async fn list_authorizations(
     Ok(Json(json!({"authorizations": list})))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/v1/authorizations/{id}",
+    tag = "clients",
+    summary = "Revoke a host authorization",
+    params(("id" = String, Path, description = "Authorization id")),
+    responses((status = 204, description = "Revoked, with its tokens"))
+)]
 async fn revoke_authorization(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -155,13 +228,21 @@ async fn revoke_authorization(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct RevokeBody {
     jti: uuid::Uuid,
     /// When the token expires; defaults to a day from now.
     expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/tokens/revoke",
+    tag = "clients",
+    summary = "Revoke one token by its jti",
+    request_body = RevokeBody,
+    responses((status = 204, description = "Revoked"))
+)]
 async fn revoke_token(
     State(state): State<AppState>,
     Json(body): Json<RevokeBody>,

@@ -15,6 +15,7 @@ use crate::state::AppState;
 mod agents;
 mod audit;
 mod clients;
+pub mod openapi;
 mod tools;
 mod users;
 
@@ -26,6 +27,8 @@ pub fn router(state: AppState) -> Router<AppState> {
         .merge(users::routes())
         .merge(audit::routes())
         .layer(axum::middleware::from_fn_with_state(state, require_admin))
+        // The endpoint reference is the product's, not this instance's: it needs no token.
+        .route("/openapi.json", axum::routing::get(openapi::document))
 }
 
 /// The answer to a request whose admin token was not accepted.

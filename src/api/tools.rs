@@ -27,6 +27,13 @@ pub(super) fn routes() -> Router<AppState> {
         )
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/tools",
+    tag = "tools",
+    summary = "List tools",
+    responses((status = 200, body = serde_json::Value, description = "Every tool of the pool"))
+)]
 async fn list_tools(State(state): State<AppState>) -> Json<Value> {
     let snapshot = state.policy.load();
     let tools: Vec<Value> = snapshot
@@ -43,15 +50,36 @@ async fn list_tools(State(state): State<AppState>) -> Json<Value> {
     Json(json!({"tools": tools}))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/groups",
+    tag = "tools",
+    summary = "List groups",
+    responses((status = 200, body = serde_json::Value, description = "Tool groups with their metadata"))
+)]
 async fn list_groups(State(state): State<AppState>) -> Json<Value> {
     let snapshot = state.policy.load();
     Json(json!({"groups": snapshot.catalog.groups().collect::<Vec<_>>()}))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/pool/errors",
+    tag = "tools",
+    summary = "Tool folder load errors",
+    responses((status = 200, body = serde_json::Value, description = "Groups that failed to load, and why"))
+)]
 async fn pool_errors(State(state): State<AppState>) -> Json<Value> {
     Json(json!({"errors": state.policy.load().catalog.load_errors()}))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/tools/pending",
+    tag = "tools",
+    summary = "List held tools",
+    responses((status = 200, body = serde_json::Value, description = "Tools held for approval in pinned groups"))
+)]
 async fn pending_tools(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     Ok(Json(
         json!({"pending": service::pins::pending(&state).await?}),
@@ -59,7 +87,7 @@ async fn pending_tools(State(state): State<AppState>) -> ApiResult<Json<Value>> 
 }
 
 /// Which held definition a decision is for; without a hash, the one this instance serves.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct DecisionBody {
     hash: Option<String>,
@@ -73,6 +101,15 @@ fn decision_body(body: &[u8]) -> Result<DecisionBody, ApiError> {
         .map_err(|e| ApiError(ServiceError::Invalid(format!("invalid JSON body: {e}"))))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/tools/{name}/approve",
+    tag = "tools",
+    summary = "Approve a held tool",
+    params(("name" = String, Path, description = "Tool name, `<group>__<operation>`")),
+    request_body = DecisionBody,
+    responses((status = 200, body = serde_json::Value, description = "Approved"))
+)]
 async fn approve_tool(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -90,6 +127,15 @@ async fn approve_tool(
     Ok(Json(json!({"approved": d})))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/tools/{name}/reject",
+    tag = "tools",
+    summary = "Reject a held tool",
+    params(("name" = String, Path, description = "Tool name, `<group>__<operation>`")),
+    request_body = DecisionBody,
+    responses((status = 200, body = serde_json::Value, description = "Rejected"))
+)]
 async fn reject_tool(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -107,13 +153,22 @@ async fn reject_tool(
     Ok(Json(json!({"rejected": d})))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PinBody {
     /// `true`, `false`, or `null` for the default.
     pin: Option<bool>,
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/v1/groups/{name}/pin",
+    tag = "tools",
+    summary = "Pin or unpin a group",
+    params(("name" = String, Path, description = "Group name")),
+    request_body = PinBody,
+    responses((status = 200, body = serde_json::Value, description = "The group's pin setting and whether it is pinned"))
+)]
 async fn set_group_pin(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -125,6 +180,13 @@ async fn set_group_pin(
 }
 
 /// Upstreams with their specs and live health on this instance.
+#[utoipa::path(
+    get,
+    path = "/api/v1/upstreams",
+    tag = "tools",
+    summary = "List upstreams",
+    responses((status = 200, body = serde_json::Value, description = "Upstream MCP servers"))
+)]
 async fn list_upstreams(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     let mut conn = state.db.acquire().await.map_err(ServiceError::from)?;
     let specs = crate::db::upstreams::upstreams(&mut conn)
@@ -138,6 +200,15 @@ async fn list_upstreams(State(state): State<AppState>) -> ApiResult<Json<Value>>
     Ok(Json(json!({"upstreams": list})))
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/v1/upstreams/{name}",
+    tag = "tools",
+    summary = "Add or replace an upstream",
+    params(("name" = String, Path, description = "Group name")),
+    request_body = serde_json::Value,
+    responses((status = 200, body = serde_json::Value, description = "Stored and connected"))
+)]
 async fn put_upstream(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -148,6 +219,14 @@ async fn put_upstream(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/v1/upstreams/{name}",
+    tag = "tools",
+    summary = "Remove an upstream",
+    params(("name" = String, Path, description = "Group name")),
+    responses((status = 204, description = "Removed"))
+)]
 async fn delete_upstream(
     State(state): State<AppState>,
     Path(name): Path<String>,

@@ -42,6 +42,13 @@ fn user_json(a: &crate::db::accounts::Account) -> Value {
     })
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/users",
+    tag = "users",
+    summary = "List people",
+    responses((status = 200, body = serde_json::Value, description = "Accounts of the admin UI"))
+)]
 async fn list_users(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     let users = crate::service::accounts::list(&state).await?;
     Ok(Json(
@@ -49,13 +56,21 @@ async fn list_users(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct NewUser {
     username: String,
     password: String,
     role: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/users",
+    tag = "users",
+    summary = "Create a person",
+    request_body = NewUser,
+    responses((status = 201, body = serde_json::Value, description = "Created"))
+)]
 async fn create_user(
     State(state): State<AppState>,
     Json(body): Json<NewUser>,
@@ -72,6 +87,14 @@ async fn create_user(
     Ok((StatusCode::CREATED, Json(user_json(&user))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/users/{username}",
+    tag = "users",
+    summary = "Show a person",
+    params(("username" = String, Path, description = "Username of a person")),
+    responses((status = 200, body = serde_json::Value, description = "The person"))
+)]
 async fn get_user(
     State(state): State<AppState>,
     Path(username): Path<String>,
@@ -81,6 +104,14 @@ async fn get_user(
     )))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/v1/users/{username}",
+    tag = "users",
+    summary = "Delete a person",
+    params(("username" = String, Path, description = "Username of a person")),
+    responses((status = 204, description = "Deleted; their sessions and host authorizations end"))
+)]
 async fn delete_user(
     State(state): State<AppState>,
     Path(username): Path<String>,
@@ -89,11 +120,20 @@ async fn delete_user(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct RoleBody {
     role: String,
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/v1/users/{username}/role",
+    tag = "users",
+    summary = "Set a person's role",
+    params(("username" = String, Path, description = "Username of a person")),
+    request_body = RoleBody,
+    responses((status = 200, body = serde_json::Value, description = "The person"))
+)]
 async fn set_user_role(
     State(state): State<AppState>,
     Path(username): Path<String>,
@@ -103,6 +143,14 @@ async fn set_user_role(
     get_user(State(state), Path(username)).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/users/{username}/disable",
+    tag = "users",
+    summary = "Disable a person",
+    params(("username" = String, Path, description = "Username of a person")),
+    responses((status = 200, body = serde_json::Value, description = "The person"))
+)]
 async fn disable_user(
     State(state): State<AppState>,
     Path(username): Path<String>,
@@ -111,6 +159,14 @@ async fn disable_user(
     get_user(State(state), Path(username)).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/users/{username}/enable",
+    tag = "users",
+    summary = "Enable a person",
+    params(("username" = String, Path, description = "Username of a person")),
+    responses((status = 200, body = serde_json::Value, description = "The person"))
+)]
 async fn enable_user(
     State(state): State<AppState>,
     Path(username): Path<String>,
@@ -119,6 +175,14 @@ async fn enable_user(
     get_user(State(state), Path(username)).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/users/{username}/password-reset",
+    tag = "users",
+    summary = "Make a password reset link",
+    params(("username" = String, Path, description = "Username of a person")),
+    responses((status = 201, body = serde_json::Value, description = "A one-time reset link"))
+)]
 async fn reset_user_password(
     State(state): State<AppState>,
     Path(username): Path<String>,
@@ -134,6 +198,14 @@ async fn reset_user_password(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/users/{username}/sessions",
+    tag = "users",
+    summary = "List a person's sessions",
+    params(("username" = String, Path, description = "Username of a person")),
+    responses((status = 200, body = serde_json::Value, description = "Their admin UI sessions"))
+)]
 async fn user_sessions(
     State(state): State<AppState>,
     Path(username): Path<String>,
@@ -149,6 +221,14 @@ async fn user_sessions(
     })).collect::<Vec<_>>()})))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/v1/users/{username}/sessions",
+    tag = "users",
+    summary = "End all of a person's sessions",
+    params(("username" = String, Path, description = "Username of a person")),
+    responses((status = 200, body = serde_json::Value, description = "How many sessions ended"))
+)]
 async fn end_user_sessions(
     State(state): State<AppState>,
     Path(username): Path<String>,
@@ -157,6 +237,14 @@ async fn end_user_sessions(
     Ok(Json(json!({"ended": ended})))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/v1/users/{username}/sessions/{id}",
+    tag = "users",
+    summary = "End one session",
+    params(("username" = String, Path, description = "Username of a person"), ("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = serde_json::Value, description = "Ended"))
+)]
 async fn end_user_session(
     State(state): State<AppState>,
     Path((username, id)): Path<(String, String)>,

@@ -19,6 +19,7 @@ mod hostile;
 mod jail;
 mod limits;
 mod mcp;
+mod openapi;
 mod otel;
 mod perimeter;
 mod pins;
