@@ -217,6 +217,11 @@ pub struct ServeArgs {
     /// addresses (local development and tests only: it opens the fetch to the inside network).
     #[arg(long, env = "TOOLGATE_OAUTH_CIMD_ALLOW_PRIVATE")]
     pub oauth_cimd_allow_private: bool,
+    /// Also trust the certificate authorities in this PEM file when fetching Client ID
+    /// Metadata Documents over https (an organisation's private CA; the public roots stay
+    /// trusted).
+    #[arg(long, env = "TOOLGATE_OAUTH_CIMD_CA_FILE", value_name = "PEM")]
+    pub oauth_cimd_ca_file: Option<std::path::PathBuf>,
     /// Dynamic Client Registration (RFC 7591) at `/oauth/register`, which `mcp-remote` and
     /// desktop hosts need: `held` (a registration waits for an admin's approval before its
     /// first sign-in), `open` (usable at once; for trusted networks), `off` (no endpoint).

@@ -217,13 +217,29 @@ pub struct CimdCache {
     /// Development only: http and loopback/private addresses allowed (tests serve documents
     /// from 127.0.0.1).
     allow_private: bool,
+    /// Certificate authorities trusted beside the public roots (`--oauth-cimd-ca-file`).
+    roots: Vec<reqwest013::Certificate>,
     entries: Mutex<HashMap<String, (Instant, Arc<ClientMetadata>)>>,
 }
 
+/// The certificates of a PEM file, for `--oauth-cimd-ca-file`; a file with none is an error
+/// at start, not a silent no-op.
+pub fn read_roots(path: &std::path::Path) -> anyhow::Result<Vec<reqwest013::Certificate>> {
+    use anyhow::Context;
+    let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let certs = reqwest013::Certificate::from_pem_bundle(&pem)
+        .with_context(|| format!("{} is not a PEM certificate bundle", path.display()))?;
+    if certs.is_empty() {
+        anyhow::bail!("{} holds no PEM certificate", path.display());
+    }
+    Ok(certs)
+}
+
 impl CimdCache {
-    pub fn new(allow_private: bool) -> Self {
+    pub fn new(allow_private: bool, roots: Vec<reqwest013::Certificate>) -> Self {
         Self {
             allow_private,
+            roots,
             entries: Mutex::default(),
         }
     }
@@ -269,6 +285,7 @@ impl CimdCache {
             .no_proxy()
             // The name resolves to the address vetted above and nothing else.
             .resolve(host.trim_start_matches('[').trim_end_matches(']'), addr)
+            .tls_certs_merge(self.roots.iter().cloned())
             .timeout(FETCH_TIMEOUT)
             .build()
             .map_err(|e| CimdError::Fetch(e.to_string()))?;
@@ -379,6 +396,18 @@ fn without_url(e: &reqwest013::Error) -> String {
         return "timed out".into();
     }
     if e.is_connect() {
+        // A certificate the fetch does not trust says so (the host is public by then: the
+        // fence ran first), so that a private CA's admin knows what to configure.
+        let mut source = std::error::Error::source(e);
+        while let Some(inner) = source {
+            let text = inner.to_string();
+            if text.contains("certificate") {
+                return format!(
+                    "its TLS certificate is not trusted ({text}); a private CA is trusted with --oauth-cimd-ca-file"
+                );
+            }
+            source = inner.source();
+        }
         return "could not connect".into();
     }
     let mut s = e.to_string();

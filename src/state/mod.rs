@@ -93,7 +93,10 @@ impl AppState {
             refusals,
             upstreams: crate::upstream::Upstreams::default(),
             verified_tokens: Default::default(),
-            cimd: crate::auth::cimd::CimdCache::new(settings.cimd_allow_private),
+            cimd: crate::auth::cimd::CimdCache::new(
+                settings.cimd_allow_private,
+                settings.cimd_roots.clone(),
+            ),
             settings,
             db,
             policy: PolicyHandle::default(),

@@ -45,6 +45,8 @@ pub struct Settings {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Client ID Metadata Documents may be fetched from inside addresses (development only).
     pub cimd_allow_private: bool,
+    /// Certificate authorities trusted for those fetches beside the public roots.
+    pub cimd_roots: Vec<reqwest013::Certificate>,
     /// What `/oauth/register` does with a host that registers itself.
     pub registration: crate::config::Registration,
     /// Timeouts, connection and audit-row bounds for clients that proved nothing.
@@ -145,6 +147,10 @@ impl Settings {
             instance: crate::audit::instance_name().to_owned(),
             trusted_proxies: args.trusted_proxies.clone(),
             cimd_allow_private: args.oauth_cimd_allow_private,
+            cimd_roots: match &args.oauth_cimd_ca_file {
+                None => Vec::new(),
+                Some(path) => crate::auth::cimd::read_roots(path)?,
+            },
             registration: args.oauth_registration,
             perimeter: args.perimeter.clone(),
         })

@@ -1278,3 +1278,133 @@ async fn disabling_or_deleting_the_person_ends_their_host_tokens(pool: PgPool) {
     let r = h.app.mcp(Some(&access), "tools/list", json!({})).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text);
 }
+
+/// Serves `/client.json` over TLS with the test CA's certificate for `localhost` (see
+/// `tests/fixtures/tls/make.sh`); the document names itself `https://localhost:<port>/client.json`.
+async fn tls_document_server() -> SocketAddr {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(repo_path("tests/fixtures/tls/server.pem"))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+    let key = PrivateKeyDer::from_pem_file(repo_path("tests/fixtures/tls/server.key")).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client_id = format!("https://localhost:{}/client.json", addr.port());
+    let app = Router::new().route(
+        "/client.json",
+        get(move || {
+            let client_id = client_id.clone();
+            async move {
+                axum::Json(json!({
+                    "client_id": client_id,
+                    "client_name": "TLS Host",
+                    "redirect_uris": [REDIRECT],
+                }))
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            let app = app.clone();
+            tokio::spawn(async move {
+                // A handshake the gateway abandons (an untrusted certificate) ends here.
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(move |req| {
+                    let mut app = app.clone();
+                    async move {
+                        use tower::Service;
+                        app.call(req).await
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A Client ID Metadata Document over https: fetched and verified against the CA the gateway
+/// was told to trust (a private CA, here the test CA), and refused, saying why, without it.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_metadata_document_over_https_is_trusted_through_the_configured_ca(pool: PgPool) {
+    let docs = tls_document_server().await;
+    let client_id = format!("https://localhost:{}/client.json", docs.port());
+    let ca = repo_path("tests/fixtures/tls/ca.pem");
+    let app = TestApp::with(
+        pool.clone(),
+        &repo_path("tools"),
+        Some(&repo_path("policies")),
+        &[
+            "--oauth-cimd-allow-private",
+            "--oauth-cimd-ca-file",
+            ca.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let r = app
+        .admin("PUT", "/api/v1/agents/assistant/users/alice", None)
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
+    let mut b = Browser::signed_in(&app, "alice", "viewer").await;
+    let page = consent_page(&mut b, &authorize_url(&client_id, REDIRECT, &[])).await;
+    assert!(page.text.contains("TLS Host"), "{}", page.text);
+    let r = consent(&mut b, &page, "assistant").await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    let q = query_of(&location(&r));
+    let t = app
+        .token_request(
+            &[
+                ("grant_type", "authorization_code"),
+                ("client_id", &client_id),
+                ("code", &q["code"]),
+                ("code_verifier", VERIFIER),
+                ("redirect_uri", REDIRECT),
+                ("resource", "http://127.0.0.1:8787/mcp"),
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(t.status, StatusCode::OK, "{}", t.text);
+    let access = t.body["access_token"].as_str().unwrap();
+    assert_eq!(claims(access)["client_id"], client_id);
+
+    // The same document, to a gateway that trusts only the public roots.
+    let untrusting = TestApp::with(
+        pool,
+        &repo_path("tools"),
+        None,
+        &["--oauth-cimd-allow-private"],
+    )
+    .await;
+    let mut b = Browser::signed_in(&untrusting, "bob", "viewer").await;
+    let r = b.get(&authorize_url(&client_id, REDIRECT, &[])).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert!(
+        r.text.contains("TLS certificate is not trusted")
+            && r.text.contains("--oauth-cimd-ca-file"),
+        "{}",
+        r.text
+    );
+    assert!(r.headers.get(header::LOCATION).is_none());
+}
