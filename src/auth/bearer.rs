@@ -87,6 +87,29 @@ fn verify(state: &AppState, authorization: Option<&str>) -> Result<Principal, To
     }
 }
 
+/// Whether the credentials a held stream was opened with still stand, checked again whenever
+/// the policy changes: the principal they stand for now, and the instant (Unix seconds, leeway
+/// included) after which the token stops (`None` for the dev agent). Nothing is counted or
+/// audited: the stream's request was authenticated when it was opened.
+pub fn recheck(
+    state: &AppState,
+    authorization: Option<&str>,
+) -> Result<(Principal, Option<i64>), TokenError> {
+    let token = authorization.and_then(|h| {
+        h.strip_prefix("Bearer ")
+            .or_else(|| h.strip_prefix("bearer "))
+    });
+    match token {
+        None => verify(state, authorization).map(|p| (p, None)),
+        Some(tok) => {
+            let expected = state.settings.expected_token();
+            let (principal, claims) =
+                super::token::verify(tok.trim(), &state.policy.load(), &expected)?;
+            Ok((principal, Some(claims.exp + expected.leeway_secs as i64)))
+        }
+    }
+}
+
 /// The dev agent holds a token-equivalent of all its live grants.
 fn dev_principal(agent: &str) -> Principal {
     Principal {

@@ -26,6 +26,7 @@ use crate::state::AppState;
 pub mod apps;
 mod jsonrpc;
 mod list;
+pub mod listen;
 
 /// Largest JSON-RPC request body accepted on `/mcp`.
 const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
@@ -40,10 +41,12 @@ pub fn router(state: AppState) -> Router<AppState> {
         .with_max_request_body_bytes(MAX_REQUEST_BYTES)
         .with_sse_keep_alive(None);
     let handler_state = state.clone();
+    let listeners = Arc::new(listen::Listeners::default());
     let service = StreamableHttpService::new(
         move || {
             Ok(Gateway {
                 state: handler_state.clone(),
+                listeners: listeners.clone(),
                 // The SDK asks the handler for tool definitions outside any request context
                 // (`Mcp-Param-*` header checks); this is the caller it must answer for.
                 caller: CALLER.try_with(Clone::clone).ok(),
@@ -81,6 +84,8 @@ tokio::task_local! {
 pub struct Gateway {
     state: AppState,
     caller: Option<Principal>,
+    /// `subscriptions/listen` streams held now, shared by every request's handler.
+    listeners: Arc<listen::Listeners>,
 }
 
 fn principal(ctx: &RequestContext<RoleServer>) -> Result<Principal, McpError> {
@@ -185,6 +190,9 @@ impl ServerHandler for Gateway {
         ServerConfig::new(
             ServerCapabilities::builder()
                 .enable_tools()
+                // Pushed on `subscriptions/listen` (2026-07-28); not said to 2025-era
+                // clients, which have no stream here (see `initialize`).
+                .enable_tool_list_changed()
                 .enable_prompts()
                 .enable_resources()
                 .build(),
@@ -335,8 +343,24 @@ impl ServerHandler for Gateway {
         gate.admit(EventKind::Initialize).await.map_err(refused)?;
         ctx.peer.set_peer_info(request.clone());
         let mut info = self.negotiate_initialize(&request)?;
+        // Served statelessly, a 2025-era client has no GET stream to be told on: it sees a
+        // change on its next `tools/list` (`ttlMs: 0`), and is not promised a push.
+        if let Some(tools) = info.capabilities.tools.as_mut() {
+            tools.list_changed = None;
+        }
         advertise_apps(&gate, &mut info);
         Ok(info)
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &rmcp::model::SubscriptionFilter,
+    ) -> Option<rmcp::model::SubscriptionFilter> {
+        listen::accepted(requested)
+    }
+
+    async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), McpError> {
+        listen::hold(&self.state, &self.listeners, context).await
     }
 
     async fn discover(

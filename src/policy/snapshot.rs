@@ -698,6 +698,8 @@ impl Inputs {
 pub struct PolicyHandle {
     current: ArcSwap<PolicySnapshot>,
     inputs: Mutex<Inputs>,
+    /// Ticks after every swap: what held MCP streams (`subscriptions/listen`) wait on.
+    swapped: tokio::sync::watch::Sender<()>,
 }
 
 impl Default for PolicyHandle {
@@ -705,6 +707,7 @@ impl Default for PolicyHandle {
         Self {
             current: ArcSwap::from_pointee(PolicySnapshot::default()),
             inputs: Mutex::new(Inputs::default()),
+            swapped: tokio::sync::watch::channel(()).0,
         }
     }
 }
@@ -712,6 +715,11 @@ impl Default for PolicyHandle {
 impl PolicyHandle {
     pub fn load(&self) -> Arc<PolicySnapshot> {
         self.current.load_full()
+    }
+
+    /// Wakes after every snapshot swap (of the catalog or the control-plane state).
+    pub fn swaps(&self) -> tokio::sync::watch::Receiver<()> {
+        self.swapped.subscribe()
     }
 
     /// Swaps in a new catalog and its search index (unchanged tools keep their analysis).
@@ -722,6 +730,7 @@ impl PolicyHandle {
         let indexed = t.elapsed();
         inputs.catalog = catalog;
         self.current.store(inputs.snapshot(&self.current.load()));
+        self.swapped.send_replace(());
         tracing::debug!(
             index_ms = indexed.as_millis() as u64,
             ms = t.elapsed().as_millis() as u64,
@@ -735,6 +744,7 @@ impl PolicyHandle {
         let t = std::time::Instant::now();
         inputs.state = Arc::new(state);
         self.current.store(inputs.snapshot(&self.current.load()));
+        self.swapped.send_replace(());
         tracing::debug!(
             ms = t.elapsed().as_millis() as u64,
             "policy snapshot rebuilt"
@@ -768,6 +778,7 @@ impl PolicyHandle {
         }
         inputs.state = Arc::new(next);
         self.current.store(inputs.snapshot(&self.current.load()));
+        self.swapped.send_replace(());
         tracing::debug!(
             ms = t.elapsed().as_millis() as u64,
             "policy snapshot rebuilt"

@@ -40,6 +40,7 @@ import httpx2
 from mcp import Client
 from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import SubscriptionLost, ToolsListChanged
 from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
@@ -451,6 +452,10 @@ async def main() -> int:
 
         await run_sdk_oauth(gw, assistant, args.strict_sdk_oauth)
         await run_search_mode(gw)
+        try:
+            await run_listen(gw)
+        except Exception as e:  # noqa: BLE001
+            R.fail("[listen] setup", describe(e))
         for mode in MODES:
             try:
                 await run_argument_rules(gw, mode, meteo)
@@ -473,6 +478,88 @@ def finish() -> int:
             print(f"  - {n}")
     print(f"{len(R.passed)} passed, {len(R.failed)} failed")
     return 1 if R.failed else 0
+
+
+async def next_event(sub: Any, seconds: float = 10) -> Any:
+    """The subscription's next event, or TimeoutError: events are waited for, never slept on."""
+    return await asyncio.wait_for(sub.__anext__(), seconds)
+
+
+async def run_listen(gw: Gateway) -> None:
+    """`subscriptions/listen` (2026-07-28): a client holding the stream is told
+    `notifications/tools/list_changed` when a grant is added or removed, and the stream ends
+    when its token is revoked. A 2025-era client, which has no stream here, is not promised one.
+    Closed streams give their slot back (at most 16 per agent are held)."""
+    agent = f"listener-{os.getpid()}"
+    r = await gw.http.post(f"{gw.base}/api/v1/agents", headers=gw.admin, json={"name": agent})
+    expect(r.status_code == 201, f"POST /api/v1/agents -> {r.status_code} {r.text}")
+    await gw.add_grant(agent, "search")
+    cred = await gw.create_client(agent)
+    token = await gw.token(cred)
+
+    async with check("[listen] a 2025-era client is not promised tools list_changed (no stream to push on)"):
+        async with connect(gw.mcp_url, "legacy", token) as client:
+            tools = client.server_capabilities.tools
+            expect(tools is not None and not tools.list_changed, f"tools capability {tools!r}")
+
+    async with check("[listen] auto: server/discover advertises tools.listChanged"):
+        async with connect(gw.mcp_url, "auto", token) as client:
+            tools = client.server_capabilities.tools
+            expect(tools is not None and tools.list_changed is True, f"tools capability {tools!r}")
+
+    async with connect(gw.mcp_url, "2026-07-28", token) as client:
+        async with client.listen(tools_list_changed=True) as sub:
+            async with check("[listen] the subscription is acknowledged with toolsListChanged"):
+                expect(sub.honored.tools_list_changed is True, f"honored {sub.honored!r}")
+            async with check("[listen] a grant added through the admin API is pushed as tools/list_changed"):
+                await gw.add_grant(agent, "weather")
+                event = await next_event(sub)
+                expect(isinstance(event, ToolsListChanged), f"event {event!r}")
+                names = await tool_names(client)
+                expect(names == sorted(SEARCH_TOOLS + WEATHER_TOOLS), f"listed {names}")
+            async with check("[listen] a grant removed is pushed too"):
+                await gw.remove_grant(agent, "weather")
+                event = await next_event(sub)
+                expect(isinstance(event, ToolsListChanged), f"event {event!r}")
+                await expect_tools(client, SEARCH_TOOLS)
+
+    async with check("[listen] closed streams give their slot back: 20 in a row, then one more, acknowledged"):
+        async with connect(gw.mcp_url, "2026-07-28", token) as client:
+            for _ in range(21):
+                async with client.listen(tools_list_changed=True) as sub:
+                    expect(sub.honored.tools_list_changed is True, f"honored {sub.honored!r}")
+
+    async with check("[listen] an agent holds at most 16 streams; the 17th is refused, another agent's is not"):
+        other = await gw.token(await gw.create_client("meteo"))
+        async with connect(gw.mcp_url, "2026-07-28", token) as client, contextlib.AsyncExitStack() as held:
+            for _ in range(16):
+                await held.enter_async_context(client.listen(tools_list_changed=True))
+            # The SDK acknowledges before the server's handler runs; the refusal is the
+            # stream's final answer, at once.
+            try:
+                async with client.listen(tools_list_changed=True) as sub:
+                    event = await next_event(sub)
+                    raise CheckFailed(f"a 17th stream of one agent went on: {event!r}")
+            except (MCPError, SubscriptionLost) as e:
+                cause = f"{e!r} {e.__cause__!r}"
+                expect("too many open subscriptions" in cause, f"refused with {cause}")
+            async with connect(gw.mcp_url, "2026-07-28", other) as meteo_client:
+                async with meteo_client.listen(tools_list_changed=True) as sub:
+                    expect(sub.honored.tools_list_changed is True, f"honored {sub.honored!r}")
+
+    async with check("[listen] revoking the stream's token ends the stream"):
+        doomed = await gw.token(cred)
+        async with connect(gw.mcp_url, "2026-07-28", doomed) as client:
+            async with client.listen(tools_list_changed=True) as sub:
+                r = await gw.http.post(
+                    f"{gw.base}/api/v1/tokens/revoke", headers=gw.admin, json={"jti": jwt_claims(doomed)["jti"]}
+                )
+                expect(r.status_code == 204, f"POST /api/v1/tokens/revoke -> {r.status_code} {r.text}")
+                try:
+                    event = await next_event(sub)
+                    raise CheckFailed(f"the stream went on after revocation: {event!r}")
+                except (StopAsyncIteration, SubscriptionLost):
+                    pass
 
 
 async def run_search_mode(gw: Gateway) -> None:
