@@ -179,6 +179,21 @@ pub async fn run(
                 ),
             };
         }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            // The usual cause on a first run as root: scripts run as an unprivileged user
+            // (`nobody` unless `--script-user`), who cannot enter a checkout under a private
+            // home folder. The operator is told where; the caller only what to ask for.
+            tracing::warn!(
+                folder = %spec.workdir().display(),
+                error = %e,
+                "a script could not be started: the user scripts run as must be able to enter every folder above it and read and execute it"
+            );
+            return ScriptOutcome::SpawnFailed {
+                reason: format!(
+                    "{e}: the user scripts run as cannot reach this script (see the gateway's log)"
+                ),
+            };
+        }
         Err(e) => {
             return ScriptOutcome::SpawnFailed {
                 reason: e.to_string(),
