@@ -354,65 +354,21 @@ impl Verifier {
         );
     }
 
+    /// Checks one row against its own hash, the signed checkpoints and the row before it.
+    ///
+    /// Whatever is wrong with a row, the walk goes on from it: the next row is judged against
+    /// this one (its stored hash, which is what the next row links to), so one broken row is
+    /// reported once and the rows after it only for what is wrong with them.
     pub fn check(&mut self, row: &ChainedEvent) -> Result<(), BrokenLink> {
         self.rows += 1;
-        let broken = |reason: String| BrokenLink {
-            chain: row.chain.clone(),
-            chain_seq: row.chain_seq,
-            id: row.id,
-            reason,
-        };
-        let expected = link(
-            &row.prev_hash,
-            &canonical(
-                &row.chain,
-                row.chain_seq,
-                &row.instance,
-                row.flags.as_deref(),
-                &row.event,
-            ),
-        );
-        if expected != row.hash {
-            return Err(broken(
-                "the row's content does not match its hash (edited after it was written)".into(),
-            ));
-        }
-        if let Some((hash, checkpoint)) = self.wanted.remove(&(row.chain.clone(), row.chain_seq)) {
-            if hash != row.hash {
-                return Err(broken(format!(
-                    "the row's hash differs from the one {checkpoint} signed: the chain was re-hashed after it was written"
-                )));
-            }
-            self.confirmed += 1;
-        }
+        let verdict = self.judge(row);
         match self.seen.get_mut(&row.chain) {
             Some(s) => {
-                let filtered_out = self.filtered && row.chain_seq > s.last_seq + 1;
-                if row.chain_seq != s.last_seq + 1 && !filtered_out {
-                    return Err(broken(format!(
-                        "rows {} to {} of the chain are missing",
-                        s.last_seq + 1,
-                        row.chain_seq - 1
-                    )));
-                }
-                if !filtered_out {
-                    if row.prev_hash != s.last_hash {
-                        return Err(broken(
-                            "prev_hash does not match the previous row's hash".into(),
-                        ));
-                    }
-                    self.links += 1;
-                }
                 s.last_seq = row.chain_seq;
                 s.last_hash.clone_from(&row.hash);
                 s.rows += 1;
             }
             None => {
-                if row.chain_seq == 1 && row.prev_hash != GENESIS {
-                    return Err(broken(
-                        "the chain's first row does not start from the genesis hash".into(),
-                    ));
-                }
                 if row.chain_seq != 1 {
                     self.trimmed_chains.push(row.chain.clone());
                 }
@@ -426,6 +382,62 @@ impl Verifier {
                         rows: 1,
                     },
                 );
+            }
+        }
+        verdict.map_err(|reason| BrokenLink {
+            chain: row.chain.clone(),
+            chain_seq: row.chain_seq,
+            id: row.id,
+            reason,
+        })
+    }
+
+    /// What is wrong with `row`, if anything; the walk's position is not moved here.
+    fn judge(&mut self, row: &ChainedEvent) -> Result<(), String> {
+        let expected = link(
+            &row.prev_hash,
+            &canonical(
+                &row.chain,
+                row.chain_seq,
+                &row.instance,
+                row.flags.as_deref(),
+                &row.event,
+            ),
+        );
+        if let Some((hash, checkpoint)) = self.wanted.remove(&(row.chain.clone(), row.chain_seq)) {
+            if hash != row.hash {
+                return Err(format!(
+                    "the row's hash differs from the one {checkpoint} signed: the chain was re-hashed after it was written"
+                ));
+            }
+            self.confirmed += 1;
+        }
+        if expected != row.hash {
+            return Err(
+                "the row's content does not match its hash (edited after it was written)".into(),
+            );
+        }
+        match self.seen.get(&row.chain) {
+            Some(s) => {
+                let filtered_out = self.filtered && row.chain_seq > s.last_seq + 1;
+                if row.chain_seq != s.last_seq + 1 && !filtered_out {
+                    return Err(format!(
+                        "rows {} to {} of the chain are missing",
+                        s.last_seq + 1,
+                        row.chain_seq - 1
+                    ));
+                }
+                if !filtered_out {
+                    if row.prev_hash != s.last_hash {
+                        return Err("prev_hash does not match the previous row's hash".into());
+                    }
+                    self.links += 1;
+                }
+            }
+            None => {
+                if row.chain_seq == 1 && row.prev_hash != GENESIS {
+                    return Err("the chain's first row does not start from the genesis hash".into());
+                }
             }
         }
         Ok(())

@@ -226,7 +226,9 @@ pub struct Verification {
     pub verifier: Verifier,
     expect: Option<Expectations>,
     filter: Option<AuditFilter>,
-    broken: Option<BrokenLink>,
+    /// Broken rows, the first [`MAX_BROKEN_SHOWN`] of them; `more_broken` counts the rest.
+    broken: Vec<BrokenLink>,
+    more_broken: u64,
     problems: Vec<String>,
     notes: Vec<String>,
     checkpoints_verified: usize,
@@ -266,7 +268,8 @@ impl Verification {
             verifier: Verifier::default(),
             expect,
             filter,
-            broken: None,
+            broken: Vec::new(),
+            more_broken: 0,
             problems: Vec::new(),
             notes: Vec::new(),
             checkpoints_verified: 0,
@@ -308,7 +311,7 @@ impl Verification {
         v
     }
 
-    /// Checks one row; after the first broken link the rest are only counted.
+    /// Checks one row; every broken one is reported, and the walk goes on from it.
     pub fn row(&mut self, r: &ChainedEvent) {
         self.digest.update(r.hash.as_bytes());
         self.digest.update(b"\n");
@@ -338,10 +341,12 @@ impl Verification {
                 }
             }
         }
-        if self.broken.is_none()
-            && let Err(b) = self.verifier.check(r)
-        {
-            self.broken = Some(b);
+        if let Err(b) = self.verifier.check(r) {
+            if self.broken.len() < MAX_BROKEN_SHOWN {
+                self.broken.push(b);
+            } else {
+                self.more_broken += 1;
+            }
         }
     }
 
@@ -353,18 +358,23 @@ impl Verification {
         from_file: bool,
     ) -> (bool, Vec<String>) {
         let mut out = Vec::new();
-        if let Some(b) = &self.broken {
-            self.problems.insert(
-                0,
+        let mut broken: Vec<String> = self
+            .broken
+            .iter()
+            .map(|b| {
                 format!(
                     "chain {} at chain_seq {}{}: {}",
                     b.chain,
                     b.chain_seq,
                     b.id.map(|i| format!(" (id {i})")).unwrap_or_default(),
                     b.reason
-                ),
-            );
+                )
+            })
+            .collect();
+        if self.more_broken > 0 {
+            broken.push(format!("and {} more broken rows", self.more_broken));
         }
+        self.problems.splice(0..0, broken);
         let walked = self.verifier.rows;
         if from_file && self.expect.is_some() {
             match trailer {
@@ -496,6 +506,10 @@ impl Verification {
     }
 }
 
+/// Broken rows named one by one in a verdict; beyond, they are counted.
+const MAX_BROKEN_SHOWN: usize = 100;
+
+/// Every filter of an export, as the verdict's note names them.
 fn describe(f: &AuditFilter) -> String {
     let mut parts = Vec::new();
     if let Some(v) = f.since {
@@ -509,6 +523,7 @@ fn describe(f: &AuditFilter) -> String {
         ("tool", f.tool.as_deref()),
         ("event_type", f.event_type.map(super::EventKind::as_str)),
         ("outcome", f.outcome.map(super::Outcome::as_str)),
+        ("person", f.person.as_deref()),
     ] {
         if let Some(v) = v.filter(|v| !v.is_empty()) {
             parts.push(format!("{name}={v}"));

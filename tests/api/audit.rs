@@ -1235,6 +1235,18 @@ async fn a_filtered_export_says_so_and_a_cut_or_edited_one_is_still_caught(pool:
     app.post_json("/tools/search/query", Some(&other), json!({"q": "deploy"}))
         .await;
 
+    // Every filter is named in the verdict.
+    let both = cli(
+        &pool,
+        &["export", "--agent", "meteo", "--person", "nobody-here"],
+    )
+    .await;
+    let (ok, out) = verify_text(&pool, &String::from_utf8(both.stdout).unwrap()).await;
+    assert!(
+        ok && out.contains("filtered export (agent=meteo, person=nobody-here)"),
+        "{out}"
+    );
+
     let export = cli(&pool, &["export", "--agent", "meteo"]).await;
     assert!(export.status.success());
     let text = String::from_utf8(export.stdout).unwrap();
@@ -1272,6 +1284,26 @@ async fn a_filtered_export_says_so_and_a_cut_or_edited_one_is_still_caught(pool:
         ok && out.contains("complete up to its recorded head"),
         "{out}"
     );
+    // One row edited in the middle of the whole log: that row is named, and only it; the walk
+    // goes on from it (no "rows N to M are missing" for the rows after it).
+    let rows: Vec<&str> = whole.lines().collect();
+    let middle = rows.len() / 2;
+    assert!(rows[middle].starts_with("{\"id\":"), "{}", rows[middle]);
+    let mut one_edited: Vec<String> = rows.iter().map(|l| (*l).to_owned()).collect();
+    one_edited[middle] = if one_edited[middle].contains("\"outcome\":\"success\"") {
+        one_edited[middle].replacen("\"outcome\":\"success\"", "\"outcome\":\"denied\"", 1)
+    } else {
+        one_edited[middle].replacen("\"outcome\":\"", "\"outcome\":\"x", 1)
+    };
+    let (ok, out) = verify_text(&pool, &one_edited.join("\n")).await;
+    assert!(!ok, "{out}");
+    assert_eq!(
+        out.matches("edited after it was written").count(),
+        1,
+        "{out}"
+    );
+    assert!(!out.contains("missing"), "{out}");
+
     // ... and a whole chain taken out of it is named.
     let without_cp: Vec<&str> = whole
         .lines()
