@@ -251,6 +251,7 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
             event_type,
             outcome,
             person,
+            client_id,
         } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             let filter = db::audit::AuditFilter {
@@ -261,6 +262,7 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
                 event_type,
                 outcome,
                 person,
+                client_id,
             };
             let reader = service::audit_access::Reader {
                 who: "cli",

@@ -636,9 +636,13 @@ pub enum AuditCommand {
         /// One of the outcomes the log records (`success`, `denied`, ...).
         #[arg(long)]
         outcome: Option<crate::audit::Outcome>,
-        /// Only events of tokens a host obtained for this person (its `act` claim).
+        /// Only what this person did: events of tokens a host obtained for them (its `act`
+        /// claim), and their own sign-ins, consents and changes.
         #[arg(long)]
         person: Option<String>,
+        /// Only events of this OAuth client.
+        #[arg(long)]
+        client_id: Option<String>,
     },
     /// Check the hash chains, in the database or in an exported JSONL file: every row
     /// unedited, every chain complete up to its recorded head, every gap explained by

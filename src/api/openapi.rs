@@ -102,8 +102,10 @@ pub(super) struct AuditParams {
     event_type: Option<String>,
     /// `ok`, `error` or `denied`.
     outcome: Option<String>,
-    /// The person a host acted for.
+    /// A person: what hosts did for them and what they did themselves.
     person: Option<String>,
+    /// One OAuth client.
+    client_id: Option<String>,
     /// Cursor: only events with a smaller id (the previous page's `next_before`).
     before: Option<i64>,
     /// Page size, 1 to 500 (50 by default).
@@ -124,6 +126,7 @@ pub(super) struct ExportParams {
     event_type: Option<String>,
     outcome: Option<String>,
     person: Option<String>,
+    client_id: Option<String>,
 }
 
 /// What holds for every operation, said once: the bearer admin token, and the error answers.

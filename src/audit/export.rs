@@ -524,6 +524,7 @@ fn describe(f: &AuditFilter) -> String {
         ("event_type", f.event_type.map(super::EventKind::as_str)),
         ("outcome", f.outcome.map(super::Outcome::as_str)),
         ("person", f.person.as_deref()),
+        ("client_id", f.client_id.as_deref()),
     ] {
         if let Some(v) = v.filter(|v| !v.is_empty()) {
             parts.push(format!("{name}={v}"));

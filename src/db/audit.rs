@@ -274,9 +274,14 @@ pub struct AuditFilter {
     pub event_type: Option<EventKind>,
     #[serde(default, deserialize_with = "crate::audit::blank_is_none")]
     pub outcome: Option<Outcome>,
-    /// The person a host acted for (`act`): "what did alice do, through any host, as any agent".
+    /// A person: "what did alice do": the events of tokens a host obtained for her (`act`),
+    /// through any host, as any agent, and what she did herself (her sign-ins, her consents
+    /// and revocations, her changes as an admin).
     #[serde(default)]
     pub person: Option<String>,
+    /// One OAuth client: an agent's deployment or a host.
+    #[serde(default)]
+    pub client_id: Option<String>,
 }
 
 impl AuditFilter {
@@ -286,7 +291,7 @@ impl AuditFilter {
             || self.until.is_some()
             || self.event_type.is_some()
             || self.outcome.is_some()
-            || [&self.agent, &self.tool, &self.person]
+            || [&self.agent, &self.tool, &self.person, &self.client_id]
                 .iter()
                 .any(|v| v.as_ref().is_some_and(|v| !v.is_empty()))
     }
@@ -308,11 +313,22 @@ impl AuditFilter {
             ("tool", self.tool.as_deref()),
             ("event_type", self.event_type.map(EventKind::as_str)),
             ("outcome", self.outcome.map(Outcome::as_str)),
-            ("person", self.person.as_deref()),
+            ("client_id", self.client_id.as_deref()),
         ] {
             if let Some(v) = v.filter(|v| !v.is_empty()) {
                 qb.push(format!(" AND {col} = ")).push_bind(v.to_owned());
             }
+        }
+        if let Some(p) = self.person.as_deref().filter(|p| !p.is_empty()) {
+            // What a host did for them, and what they did themselves: signed in to the UI
+            // and changed things (`admin:<name>`), consented to a host (`user:<name>`).
+            qb.push(" AND (person = ")
+                .push_bind(p.to_owned())
+                .push(" OR admin_user IN (")
+                .push_bind(format!("admin:{p}"))
+                .push(", ")
+                .push_bind(format!("user:{p}"))
+                .push("))");
         }
     }
 }

@@ -81,6 +81,10 @@ pub struct AuditQuery {
     #[serde(default)]
     outcome: String,
     #[serde(default)]
+    person: String,
+    #[serde(default)]
+    client_id: String,
+    #[serde(default)]
     before: String,
     #[serde(default)]
     format: String,
@@ -138,7 +142,8 @@ impl AuditQuery {
                 tool: text(&self.tool),
                 event_type,
                 outcome,
-                person: None,
+                person: text(&self.person),
+                client_id: text(&self.client_id),
             },
             errors,
         )
@@ -154,6 +159,8 @@ impl AuditQuery {
             ("tool", &self.tool),
             ("event_type", &self.event_type),
             ("outcome", &self.outcome),
+            ("person", &self.person),
+            ("client_id", &self.client_id),
         ] {
             if !v.trim().is_empty() {
                 s.append_pair(k, v.trim());

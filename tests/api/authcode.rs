@@ -24,6 +24,10 @@ const REDIRECT: &str = "http://127.0.0.1/callback";
 /// Where an outsider's metadata document sends browsers back to.
 const ATTACKER: &str = "https://attacker.example/phish";
 
+fn urlencoding(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
 fn challenge(verifier: &str) -> String {
     URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()))
 }
@@ -313,10 +317,44 @@ async fn a_person_signs_a_host_in_as_their_agent_and_refresh_rotates(pool: PgPoo
         "{}",
         by_person.text
     );
+    // ... which covers what she did herself: her sign-in and her consent.
     assert!(
-        events.iter().all(|e| e["person"] == "alice"),
+        events.iter().all(|e| e["person"] == "alice"
+            || e["admin_user"] == "admin:alice"
+            || e["admin_user"] == "user:alice"),
         "{}",
         by_person.text
+    );
+    assert!(
+        events.iter().any(|e| e["event_type"] == "admin.login"),
+        "{}",
+        by_person.text
+    );
+    assert!(
+        events.iter().any(|e| e["event_type"] == "admin.change"
+            && e["details"]
+                .as_str()
+                .is_some_and(|d| d.contains("\"action\":\"authorization.create\""))),
+        "{}",
+        by_person.text
+    );
+    // And by client.
+    let by_client = h
+        .app
+        .admin(
+            "GET",
+            &format!("/api/v1/audit?client_id={}", urlencoding(&h.client_id())),
+            None,
+        )
+        .await;
+    let events = by_client.body["events"].as_array().unwrap();
+    assert!(
+        events.iter().any(|e| e["event_type"] == "tools/list")
+            && events
+                .iter()
+                .all(|e| e["client_id"] == h.client_id().as_str()),
+        "{}",
+        by_client.text
     );
     // The chain still verifies with the person in it.
     let (ok, out) = crate::audit::verify_db(&pool, &[]).await;
