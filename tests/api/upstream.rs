@@ -199,17 +199,23 @@ fn start_http(entry: &std::path::Path, port: u16) -> std::process::Child {
         .unwrap()
 }
 
-async fn wait_port(port: u16) {
-    for _ in 0..100 {
+/// Waits for the server to listen: up to 30 s, as Node starts slowly on a loaded machine
+/// (the whole suite runs beside it); a server that exited (its port taken meanwhile) is said
+/// so at once.
+async fn wait_port(port: u16, server: &mut std::process::Child) {
+    for _ in 0..300 {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_ok()
         {
             return;
         }
+        if let Ok(Some(status)) = server.try_wait() {
+            panic!("the upstream server exited ({status}) before listening on {port}");
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("nothing listens on {port}");
+    panic!("nothing listens on {port} after 30 s");
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
@@ -217,7 +223,7 @@ async fn an_http_upstream_fails_clearly_when_it_dies_and_recovers_when_it_return
     let entry = everything_entry();
     let port = free_port();
     let mut server = start_http(&entry, port);
-    wait_port(port).await;
+    wait_port(port, &mut server).await;
     let app = TestApp::new(pool).await;
     put_upstream(
         &app,
@@ -253,7 +259,7 @@ async fn an_http_upstream_fails_clearly_when_it_dies_and_recovers_when_it_return
     );
 
     let mut server = start_http(&entry, port);
-    wait_port(port).await;
+    wait_port(port, &mut server).await;
     let mut back = None;
     for _ in 0..120 {
         let r = app
