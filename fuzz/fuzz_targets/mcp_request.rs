@@ -106,6 +106,7 @@ fn app(rt: &tokio::runtime::Runtime, tools: &std::path::Path, discovery: Discove
             notes: String::new(),
             discovery,
             pinned: vec!["mixed__allowed".into()],
+            managed: None,
             grants: vec![grant("open"), grant("mixed__allowed")],
             limits: Vec::new(),
             // Calls of this tool also go through the argument-rule check.
