@@ -34,14 +34,15 @@ struct AuditQuery {
     limit: Option<i64>,
 }
 
-/// Newest first; `next_before` is the cursor for the next (older) page.
+/// Newest first; `next_before` is the cursor for the next (older) page. With `after_id`,
+/// oldest first in commit order, and `next_after` the cursor of the next page.
 #[utoipa::path(
     get,
     path = "/api/v1/audit",
     tag = "audit",
     summary = "Read the audit log",
     params(super::openapi::AuditParams),
-    responses((status = 200, body = serde_json::Value, description = "`events`, newest first, and `next_before`, the cursor of the next page"))
+    responses((status = 200, body = serde_json::Value, description = "`events`, newest first, and `next_before`, the cursor of the next page; with `after_id`, oldest first and `next_after`"))
 )]
 async fn list_audit(
     State(state): State<AppState>,
@@ -49,6 +50,10 @@ async fn list_audit(
 ) -> ApiResult<Json<Value>> {
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
     let rows = audit_access::rows(&state, READER, &q.filter, q.before, limit).await?;
+    if let Some(after) = q.filter.after_id {
+        let next = rows.last().and_then(|r| r.id).unwrap_or(after);
+        return Ok(Json(json!({"events": rows, "next_after": next})));
+    }
     let next = if rows.len() as i64 == limit {
         rows.last().and_then(|r| r.id)
     } else {

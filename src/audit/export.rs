@@ -1,4 +1,5 @@
-//! Compliance export: CSV (formula-safe) and JSONL (with the chain fields, verifiable offline).
+//! Compliance export: CSV (formula-safe), JSONL (with the chain fields, verifiable offline),
+//! OCSF and CEF (the SIEM forms of [`super::siem`]).
 
 use sha2::{Digest, Sha256};
 
@@ -11,6 +12,10 @@ use crate::db::audit::AuditFilter;
 pub enum Format {
     Csv,
     Jsonl,
+    /// OCSF 1.8.0 records, one JSON object per line.
+    Ocsf,
+    /// ArcSight CEF, one line per event.
+    Cef,
 }
 
 impl Format {
@@ -18,23 +23,51 @@ impl Format {
         match self {
             Format::Csv => "csv",
             Format::Jsonl => "jsonl",
+            Format::Ocsf => "ocsf",
+            Format::Cef => "cef",
         }
     }
 
     /// The name a download of the export is offered under.
     pub fn file_name(self) -> String {
-        format!("toolgate-audit.{}", self.as_str())
+        match self {
+            Format::Ocsf => "toolgate-audit.ocsf.jsonl".into(),
+            Format::Cef => "toolgate-audit.cef.log".into(),
+            _ => format!("toolgate-audit.{}", self.as_str()),
+        }
+    }
+
+    /// One row in this format, its line break included. JSONL rows are written by
+    /// [`JsonlExport::row`], which also keeps the export's digest.
+    pub fn line(self, r: &ChainedEvent) -> Vec<u8> {
+        match self {
+            Format::Csv => csv_line(r),
+            Format::Jsonl => jsonl_line(r),
+            Format::Ocsf => {
+                let mut l = super::siem::ocsf(r).to_string().into_bytes();
+                l.push(b'\n');
+                l
+            }
+            Format::Cef => {
+                let mut l = super::siem::cef(r).into_bytes();
+                l.push(b'\n');
+                l
+            }
+        }
     }
 
     pub fn content_type(self) -> &'static str {
         match self {
             Format::Csv => "text/csv; charset=utf-8",
-            Format::Jsonl => "application/x-ndjson",
+            Format::Jsonl | Format::Ocsf => "application/x-ndjson",
+            Format::Cef => "text/plain; charset=utf-8",
         }
     }
 }
 
-pub const CSV_HEADER: [&str; 32] = [
+/// The CSV columns: the fields of a JSONL row (`docs/audit-schema.md`), in the order they
+/// were added (new ones at the end, so a reader by position keeps working).
+pub const CSV_HEADER: [&str; 34] = [
     "id",
     "at",
     "chain",
@@ -67,6 +100,8 @@ pub const CSV_HEADER: [&str; 32] = [
     "format",
     "flags",
     "person",
+    "category",
+    "severity",
 ];
 
 /// A cell a spreadsheet would run as a formula gets a leading apostrophe.
@@ -118,9 +153,11 @@ pub fn csv_line(r: &ChainedEvent) -> Vec<u8> {
         s(&e.result),
         s(&e.details),
         e.at.timestamp_micros().to_string(),
-        "toolgate-audit-v1".to_owned(),
+        super::siem::ROW_FORMAT.to_owned(),
         csv_safe(r.flags.as_deref().unwrap_or("")),
         s(&e.person),
+        super::siem::category(r).as_str().to_owned(),
+        super::siem::severity(r).as_str().to_owned(),
     ];
     let mut w = csv::Writer::from_writer(Vec::new());
     let _ = w.write_record(&record);
@@ -128,7 +165,7 @@ pub fn csv_line(r: &ChainedEvent) -> Vec<u8> {
 }
 
 pub fn jsonl_line(r: &ChainedEvent) -> Vec<u8> {
-    let mut line = serde_json::to_vec(r).unwrap_or_default();
+    let mut line = super::siem::row(r).to_string().into_bytes();
     line.push(b'\n');
     line
 }
@@ -165,6 +202,10 @@ pub struct ExportHeader {
 pub struct ExportTrailer {
     pub toolgate_audit_export_end: String,
     pub rows: u64,
+    /// For an incremental export (`after_id`): the cursor of the next one, the row at the
+    /// latest commit position exported (the same `after_id` again when nothing was new).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after_id: Option<i64>,
     /// sha256 over every exported row's hash and a newline, in order.
     pub digest: String,
 }
@@ -175,6 +216,7 @@ pub const EXPORT_FORMAT: &str = "toolgate-audit-export-v2";
 pub struct JsonlExport {
     rows: u64,
     digest: Sha256,
+    next_after_id: Option<i64>,
 }
 
 impl JsonlExport {
@@ -196,6 +238,7 @@ impl JsonlExport {
             Self {
                 rows: 0,
                 digest: Sha256::new(),
+                next_after_id: filter.after_id,
             },
             line,
         )
@@ -213,6 +256,7 @@ impl JsonlExport {
             toolgate_audit_export_end: EXPORT_FORMAT.into(),
             rows: self.rows,
             digest: hex::encode(self.digest.finalize()),
+            next_after_id: self.next_after_id,
         };
         let mut line = serde_json::to_vec(&t).unwrap_or_default();
         line.push(b'\n');
@@ -530,6 +574,12 @@ fn describe(f: &AuditFilter) -> String {
             parts.push(format!("{name}={v}"));
         }
     }
+    if let Some(v) = f.min_latency_ms {
+        parts.push(format!("min_latency_ms={v}"));
+    }
+    if let Some(v) = f.after_id {
+        parts.push(format!("after_id={v}"));
+    }
     parts.join(", ")
 }
 
@@ -570,10 +620,18 @@ pub fn stream(
                     Ok(header)
                 }
                 Format::Csv => Ok(csv_header()),
+                // Each record stands alone.
+                Format::Ocsf | Format::Cef => Ok(Vec::new()),
             },
+            Some(Ok(Snapshot::Cursor(next))) => {
+                if let (Some(j), Some(next)) = (st.jsonl.as_mut(), next) {
+                    j.next_after_id = Some(next);
+                }
+                Ok(Vec::new())
+            }
             Some(Ok(Snapshot::Row(row))) => Ok(match st.jsonl.as_mut() {
                 Some(j) => j.row(&row),
-                None => csv_line(&row),
+                None => st.format.line(&row),
             }),
             // A failed read ends the export without its closing line, so that verify
             // says it was cut short.

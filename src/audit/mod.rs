@@ -7,7 +7,11 @@
 pub mod chain;
 pub mod checkpoint;
 pub mod export;
+pub mod follow;
+pub mod rollup;
 pub mod scrub;
+pub mod siem;
+pub mod sink;
 pub mod writer;
 
 use chrono::{DateTime, Utc};
@@ -200,6 +204,30 @@ where
             s.trim().parse().map(Some).map_err(serde::de::Error::custom)
         }
         _ => Ok(None),
+    }
+}
+
+/// A number in a query string: `serde_urlencoded` hands flattened fields over as text, which
+/// a plain `i64` refuses.
+pub fn number_or_text<'de, D>(d: D) -> Result<Option<i64>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum N {
+        Int(i64),
+        Text(String),
+    }
+    match Option::<N>::deserialize(d)? {
+        None => Ok(None),
+        Some(N::Int(i)) => Ok(Some(i)),
+        Some(N::Text(s)) if s.trim().is_empty() => Ok(None),
+        Some(N::Text(s)) => s
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| serde::de::Error::custom(format!("`{s}` is not a whole number"))),
     }
 }
 

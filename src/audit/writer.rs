@@ -20,6 +20,39 @@ const _: () = assert!(MAX_BATCH <= db::audit::MAX_INSERT_ROWS);
 /// Queue depth before callers wait for room (back-pressure instead of unbounded memory).
 const QUEUE: usize = 8192;
 
+/// Seconds one batch took to become durable (the group commit), per batch.
+pub static COMMIT_SECONDS: std::sync::LazyLock<prometheus::Histogram> =
+    std::sync::LazyLock::new(|| {
+        prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "audit_commit_seconds",
+                "Time for one audit batch to become durable",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+                10.0,
+            ]),
+        )
+        .unwrap_or_else(|_| panic!("invalid metric definition"))
+    });
+
+/// Rows this process made durable.
+pub static ROWS_WRITTEN: std::sync::LazyLock<prometheus::IntCounter> =
+    std::sync::LazyLock::new(|| {
+        prometheus::IntCounter::new("audit_rows_written_total", "Audit rows made durable")
+            .unwrap_or_else(|_| panic!("invalid metric definition"))
+    });
+
+/// Events the writer could not make durable (their callers failed closed).
+pub static WRITE_FAILURES: std::sync::LazyLock<prometheus::IntCounter> =
+    std::sync::LazyLock::new(|| {
+        prometheus::IntCounter::new(
+            "audit_write_failures_total",
+            "Audit events that could not be made durable",
+        )
+        .unwrap_or_else(|_| panic!("invalid metric definition"))
+    });
+
 /// The audit log could not make an event durable: the caller must fail closed.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("the audit log is unavailable: {0}")]
@@ -82,6 +115,11 @@ impl AuditLog {
 
     pub fn instance(&self) -> &str {
         &self.instance
+    }
+
+    /// Events queued and not yet written.
+    pub fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
     }
 
     /// Appends `event` and waits until it is durable.
@@ -153,6 +191,7 @@ async fn run(
         }
         let flushes: Vec<bool> = batch.iter().map(|p| p.event.is_none()).collect();
         let events: Vec<AuditEvent> = batch.iter_mut().filter_map(|p| p.event.take()).collect();
+        let started = std::time::Instant::now();
         let results = if events.is_empty() {
             Vec::new()
         } else if resync {
@@ -168,6 +207,11 @@ async fn run(
             write(&pool, &chain, &instance, &mut head, &events, &mut months).await
         };
         let failed = results.iter().filter(|r| r.is_err()).count();
+        if !events.is_empty() {
+            COMMIT_SECONDS.observe(started.elapsed().as_secs_f64());
+            ROWS_WRITTEN.inc_by((events.len() - failed) as u64);
+            WRITE_FAILURES.inc_by(failed as u64);
+        }
         if failed > 0 {
             resync = true;
             tracing::error!(

@@ -282,6 +282,25 @@ pub struct AuditFilter {
     /// One OAuth client: an agent's deployment or a host.
     #[serde(default)]
     pub client_id: Option<String>,
+    /// Only rows committed after this one, for incremental pulls: see [`AuditFilter::push`].
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::audit::number_or_text"
+    )]
+    pub after_id: Option<i64>,
+    /// Only rows that took at least this long (tool calls and upstream requests: the rows that
+    /// record a latency).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::audit::number_or_text"
+    )]
+    pub min_latency_ms: Option<i64>,
+    /// The transaction of the `after_id` row, when the reader kept it (a follower's cursor):
+    /// the read then does not need that row to exist still.
+    #[serde(skip)]
+    pub after_tx: Option<String>,
 }
 
 impl AuditFilter {
@@ -291,6 +310,8 @@ impl AuditFilter {
             || self.until.is_some()
             || self.event_type.is_some()
             || self.outcome.is_some()
+            || self.after_id.is_some()
+            || self.min_latency_ms.is_some()
             || [&self.agent, &self.tool, &self.person, &self.client_id]
                 .iter()
                 .any(|v| v.as_ref().is_some_and(|v| !v.is_empty()))
@@ -330,10 +351,70 @@ impl AuditFilter {
                 .push_bind(format!("user:{p}"))
                 .push("))");
         }
+        if let Some(ms) = self.min_latency_ms {
+            qb.push(" AND latency_us >= ")
+                .push_bind(ms.saturating_mul(1000));
+        }
+        if let Some(after) = self.after_id {
+            // Commit order, not id order (see the migration that added `tx`): rows after the
+            // cursor row's position, written by transactions older than any still running, so
+            // none can later appear behind what this read returns. The cursor row exists
+            // (checked before the read); 0 is the start of the log.
+            match (&self.after_tx, after > 0) {
+                (Some(tx), true) => {
+                    qb.push(" AND (tx, id) > ((")
+                        .push_bind(tx.clone())
+                        .push("::text)::xid8, ")
+                        .push_bind(after)
+                        .push(")");
+                }
+                (None, true) => {
+                    qb.push(" AND (tx, id) > (SELECT tx, id FROM audit_events WHERE id = ")
+                        .push_bind(after)
+                        .push(" LIMIT 1)");
+                }
+                (_, false) => {}
+            }
+            qb.push(" AND tx < pg_snapshot_xmin(pg_current_snapshot())");
+        }
     }
 }
 
-/// Newest first, keyset-paginated on `id`.
+/// Whether row `id` exists: an `after_id` cursor must name a row, or the read would silently
+/// return nothing.
+pub async fn cursor_exists(pool: &PgPool, id: i64) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM audit_events WHERE id = $1) AS "e!""#,
+        id
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// Row `id`'s position in commit order (its transaction, as text), if the row exists.
+pub async fn position(pool: &PgPool, id: i64) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar!(
+        r#"SELECT tx::text AS "tx!" FROM audit_events WHERE id = $1"#,
+        id
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// The row of the latest commit position `filter` selects with its `after_id` cursor: the
+/// cursor to pass next. None when nothing is new.
+pub async fn next_cursor(
+    conn: &mut PgConnection,
+    filter: &AuditFilter,
+) -> sqlx::Result<Option<i64>> {
+    let mut qb = QueryBuilder::new("SELECT id FROM audit_events");
+    filter.push(&mut qb);
+    qb.push(" ORDER BY tx DESC, id DESC LIMIT 1");
+    qb.build_query_scalar::<i64>().fetch_optional(conn).await
+}
+
+/// Newest first, keyset-paginated on `id`; with an `after_id` cursor, oldest first in commit
+/// order.
 pub async fn list(
     pool: &PgPool,
     filter: &AuditFilter,
@@ -346,7 +427,12 @@ pub async fn list(
     if let Some(b) = before_id {
         qb.push(" AND id < ").push_bind(b);
     }
-    qb.push(" ORDER BY id DESC LIMIT ").push_bind(limit);
+    if filter.after_id.is_some() {
+        // An incremental read walks forward, in the order its cursor is defined over.
+        qb.push(" ORDER BY tx, id LIMIT ").push_bind(limit);
+    } else {
+        qb.push(" ORDER BY id DESC LIMIT ").push_bind(limit);
+    }
     Ok(qb
         .build_query_as::<AuditRow>()
         .fetch_all(pool)
@@ -509,6 +595,9 @@ pub async fn expectations(conn: &mut PgConnection) -> sqlx::Result<Expectations>
 #[allow(clippy::large_enum_variant)]
 pub enum Snapshot {
     Expect(Box<(Expectations, Vec<SignedCheckpoint>)>),
+    /// For an incremental read (`after_id`): the cursor to pass next, from the same snapshot;
+    /// none when nothing is new. Sent before the rows.
+    Cursor(Option<i64>),
     Row(ChainedEvent),
 }
 
@@ -534,6 +623,12 @@ pub fn snapshot(
             {
                 return Ok(());
             }
+            if filter.after_id.is_some() {
+                let next = next_cursor(&mut conn, &filter).await?;
+                if tx.send(Ok(Snapshot::Cursor(next))).await.is_err() {
+                    return Ok(());
+                }
+            }
             // Built at run time, for its filters: see `AuditFilter::push`.
             let mut qb = QueryBuilder::new(format!("SELECT {COLUMNS} FROM audit_events"));
             filter.push(&mut qb);
@@ -554,17 +649,4 @@ pub fn snapshot(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
-}
-
-/// Calls and denials since `since`, for the dashboard.
-pub async fn counts_since(pool: &PgPool, since: DateTime<Utc>) -> sqlx::Result<(i64, i64)> {
-    let row = sqlx::query!(
-        r#"SELECT count(*) FILTER (WHERE event_type = 'tool.result') AS "calls!",
-                  count(*) FILTER (WHERE outcome IN ('denied', 'rate_limited')) AS "denials!"
-           FROM audit_events WHERE at >= $1"#,
-        since,
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok((row.calls, row.denials))
 }

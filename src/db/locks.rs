@@ -25,6 +25,29 @@ pub enum Lock {
     Pins = 7470114,
 }
 
+/// Lock spaces keyed by a name (the second key is the name's hash); the first key is in the
+/// 32-bit range the two-key form takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum Keyed {
+    /// Delivering one audit sink (or the rollup follower): one instance at a time.
+    AuditCursor = 7470115,
+}
+
+/// Takes `space`/`name` for the rest of the caller's transaction if nobody holds it; false
+/// when another session does. Unlike a row lock it gives the transaction no id, so holding it
+/// does not hold back readers that wait for older transactions to end (`after_id`).
+pub async fn try_hold(conn: &mut PgConnection, space: Keyed, name: &str) -> sqlx::Result<bool> {
+    let space = space as i32;
+    sqlx::query_scalar!(
+        r#"SELECT pg_try_advisory_xact_lock($1, hashtext($2)) AS "held!""#,
+        space,
+        name
+    )
+    .fetch_one(&mut *conn)
+    .await
+}
+
 /// Takes `lock` for the rest of the caller's transaction, waiting for whoever holds it.
 pub async fn hold(conn: &mut PgConnection, lock: Lock) -> sqlx::Result<()> {
     let id = lock as i64;
