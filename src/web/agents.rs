@@ -210,12 +210,15 @@ struct AgentPage {
     users: Vec<String>,
     events: Vec<EventRow>,
     options: Vec<CatalogOption>,
+    /// This agent's calls and refusals over the chosen span.
+    activity: super::activity::Activity,
 }
 
 pub async fn show(
     State(state): State<WebState>,
     ctx: Ctx,
     Path(name): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<super::dashboard::ChartQuery>,
 ) -> Result<Response, WebError> {
     let snapshot = state.policy.load();
     let agent = snapshot
@@ -260,7 +263,14 @@ pub async fn show(
         .iter()
         .map(event_row)
         .collect();
+    let activity = super::activity::load(
+        &state,
+        q.range,
+        crate::db::rollups::Scope::Agent(name.clone()),
+    )
+    .await?;
     let page = AgentPage {
+        activity,
         page: ctx.page(Nav::Agents, format!("Agent {name}")),
         managed: agent.record.managed.is_some(),
         editable: ctx.role().can_edit() && agent.record.managed.is_none(),

@@ -121,6 +121,13 @@ struct DashboardPage {
     held: usize,
     /// How the database differs from the policies folder, when there is one.
     drift: Option<DriftView>,
+    activity: super::activity::Activity,
+}
+
+#[derive(serde::Deserialize, Default)]
+pub struct ChartQuery {
+    #[serde(default)]
+    pub range: service::audit_access::Range,
 }
 
 /// The drift between the policies folder and the database, as lines to show (the first
@@ -152,12 +159,17 @@ fn drift_view(d: &crate::policy::files::Drift) -> DriftView {
     }
 }
 
-pub async fn show(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
+pub async fn show(
+    State(state): State<WebState>,
+    axum::extract::Query(q): axum::extract::Query<ChartQuery>,
+    ctx: Ctx,
+) -> Result<Response, WebError> {
     let snapshot = state.policy.load();
     let summaries = service::agents::summaries(&snapshot);
     let (zero_match, blind) = problems(&summaries);
     let since = chrono::Utc::now() - chrono::Duration::hours(24);
     let (calls, denials) = service::audit_access::counts_since(&state, since).await?;
+    let activity = super::activity::load(&state, q.range, crate::db::rollups::Scope::All).await?;
     // The page still shows everything else when the comparison cannot be made.
     let drift = match service::policy::drift(&state).await {
         Ok(d) => d.as_ref().map(drift_view),
@@ -180,6 +192,7 @@ pub async fn show(State(state): State<WebState>, ctx: Ctx) -> Result<Response, W
         denials_24h: thousands(denials.max(0) as usize),
         held: snapshot.held_count(),
         drift,
+        activity,
         rows: summaries
             .iter()
             .map(|a| AgentRow {

@@ -7,11 +7,13 @@
 //! route behind it.
 
 pub mod accounts;
+mod activity;
 mod agents;
 mod arguments;
 mod audit;
 mod auth;
 mod authorizations;
+mod chart;
 mod consent;
 mod dashboard;
 mod error;
@@ -124,6 +126,7 @@ pub fn router<S>(app: AppState, config: Config) -> Router<S> {
             get(grants::confirm_remove).post(grants::remove),
         )
         .route("/tools", get(tools::index))
+        .route("/tools/{name}", get(tools::show))
         .route("/tools/pending", get(pins::index))
         .route("/tools/pending/approve", axum::routing::post(pins::approve))
         .route("/tools/pending/reject", axum::routing::post(pins::reject))

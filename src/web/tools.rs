@@ -5,14 +5,17 @@
 //! They reach the page only through askama's escaping.
 
 use askama::Template;
-use axum::extract::State;
+use axum::extract::{Path, Query, State};
 use axum::response::Response;
 
 use super::WebState;
-use super::dashboard::{Broken, broken_groups};
+use super::audit::{EventRow, event_row};
+use super::dashboard::{Broken, ChartQuery, broken_groups};
 use super::error::WebError;
 use super::view::{Ctx, Nav, PageCtx, render};
-use crate::pool::ToolSource;
+use crate::policy::snapshot::{AgentView, PolicySnapshot};
+use crate::pool::{Tool, ToolSource};
+use crate::service::audit_access;
 
 pub struct GroupRow {
     pub name: String,
@@ -43,6 +46,30 @@ struct CatalogPage {
     broken: Vec<Broken>,
 }
 
+fn tool_view(
+    snapshot: &PolicySnapshot,
+    agents: &[&std::sync::Arc<AgentView>],
+    t: &Tool,
+) -> ToolView {
+    ToolView {
+        name: t.name.as_str().to_owned(),
+        group: t.group().to_owned(),
+        title: t.title.clone().unwrap_or_default(),
+        description: t.description.clone().unwrap_or_default(),
+        schema: serde_json::to_string_pretty(&*t.input_schema).unwrap_or_default(),
+        source: match &t.source {
+            ToolSource::Script { folder } => format!("script in tools/{folder}"),
+            ToolSource::Upstream { upstream } => format!("upstream MCP server {upstream}"),
+        },
+        held: snapshot.is_held(t.name.as_str()),
+        agents: agents
+            .iter()
+            .filter(|a| a.visible.iter().any(|v| v.name == t.name))
+            .map(|a| a.record.name.clone())
+            .collect(),
+    }
+}
+
 pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
     let snapshot = state.policy.load();
     let agents = snapshot.agents();
@@ -60,28 +87,59 @@ pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, 
     let tools = snapshot
         .catalog
         .tools()
-        .map(|t| ToolView {
-            name: t.name.as_str().to_owned(),
-            group: t.group().to_owned(),
-            title: t.title.clone().unwrap_or_default(),
-            description: t.description.clone().unwrap_or_default(),
-            schema: serde_json::to_string_pretty(&*t.input_schema).unwrap_or_default(),
-            source: match &t.source {
-                ToolSource::Script { folder } => format!("script in tools/{folder}"),
-                ToolSource::Upstream { upstream } => format!("upstream MCP server {upstream}"),
-            },
-            held: snapshot.is_held(t.name.as_str()),
-            agents: agents
-                .iter()
-                .filter(|a| a.visible.iter().any(|v| v.name == t.name))
-                .map(|a| a.record.name.clone())
-                .collect(),
-        })
+        .map(|t| tool_view(&snapshot, &agents, t))
         .collect();
     render(&CatalogPage {
         page: ctx.page(Nav::Tools, "Tool catalog"),
         groups,
         tools,
         broken: broken_groups(&snapshot),
+    })
+}
+
+#[derive(Template)]
+#[template(path = "admin/tools/show.html")]
+struct ToolPage {
+    page: PageCtx,
+    t: ToolView,
+    activity: super::activity::Activity,
+    events: Vec<EventRow>,
+}
+
+/// One tool: what the catalog says of it, its calls and refusals over time, its recent events.
+pub async fn show(
+    State(state): State<WebState>,
+    ctx: Ctx,
+    Path(name): Path<String>,
+    Query(q): Query<ChartQuery>,
+) -> Result<Response, WebError> {
+    let snapshot = state.policy.load();
+    let tool = snapshot
+        .catalog
+        .get(&name)
+        .ok_or_else(|| WebError::Missing(format!("Tool `{name}`")))?;
+    let agents = snapshot.agents();
+    let t = tool_view(&snapshot, &agents, tool);
+    let activity = super::activity::load(
+        &state,
+        q.range,
+        crate::db::rollups::Scope::Tool(name.clone()),
+    )
+    .await?;
+    let filter = crate::db::audit::AuditFilter {
+        tool: Some(name.clone()),
+        ..Default::default()
+    };
+    let actor = ctx.admin.actor();
+    let events = audit_access::rows(&state, super::audit::reader(&actor), &filter, None, 15)
+        .await?
+        .iter()
+        .map(event_row)
+        .collect();
+    render(&ToolPage {
+        page: ctx.page(Nav::Tools, format!("Tool {name}")),
+        t,
+        activity,
+        events,
     })
 }
