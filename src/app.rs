@@ -57,7 +57,7 @@ impl Surfaces {
 /// The whole HTTP surface.
 pub fn router(state: AppState, surfaces: Surfaces) -> Router {
     Router::new()
-        .merge(http::ops_router())
+        .merge(http::ops_router(state.settings.metrics_bind.is_none()))
         .merge(oauth::router(state.settings.registration))
         .nest("/api/v1", api::router(state.clone()))
         .merge(rest::router(state.clone()))
@@ -131,7 +131,21 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }
         }
     }
+    // Sinks are checked before anything starts: a mistyped URL is an error now, not a log
+    // line an hour later.
+    let sinks = args
+        .audit_sink
+        .iter()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| crate::audit::sink::Sink::parse(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!(e))?;
     let state = AppState::new(settings.clone(), pool);
+    crate::audit::rollup::spawn(state.db.clone());
+    if !sinks.is_empty() {
+        tracing::info!(sinks = ?sinks.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), "audit sinks");
+        crate::audit::sink::spawn(state.db.clone(), sinks, state.metrics.clone());
+    }
     tracing::info!(
         ms = started.elapsed().as_millis() as u64,
         "start-up: policies applied"
@@ -211,6 +225,22 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(addr = %listener.local_addr()?, issuer = %settings.issuer, "toolgate listening");
     let drain = Drain::from_args(&args);
     let stop_accepting = tokio_util::sync::CancellationToken::new();
+    if let Some(addr) = settings.metrics_bind {
+        let listener = TcpListener::bind(addr).await?;
+        tracing::info!(addr = %listener.local_addr()?, "metrics listening");
+        // The same accept loop and bounds as the main address; it stops accepting with it.
+        let metrics = crate::listen::serve(
+            listener,
+            http::metrics_router(state.clone()),
+            crate::listen::Bounds::from_settings(&settings),
+            stop_accepting.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = metrics.await {
+                tracing::error!(error = %e, "the metrics listener failed");
+            }
+        });
+    }
     // axum::serve's loop, with the header and body timeouts and the per-source connection cap.
     let server = crate::listen::serve(
         listener,

@@ -252,6 +252,8 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
             outcome,
             person,
             client_id,
+            after_id,
+            min_latency_ms,
         } => {
             let pool = db::connect_existing(&db_args.database_url, 2).await?;
             let filter = db::audit::AuditFilter {
@@ -263,6 +265,9 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
                 outcome,
                 person,
                 client_id,
+                after_id,
+                min_latency_ms,
+                after_tx: None,
             };
             let reader = service::audit_access::Reader {
                 who: "cli",
@@ -309,6 +314,7 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<ExitCode> {
                                     key.as_ref(),
                                 ));
                             }
+                            Snapshot::Cursor(_) => {}
                             Snapshot::Row(row) => {
                                 if let Some(r) = run.as_mut() {
                                     r.row(&row);
@@ -452,7 +458,7 @@ fn verify_file(
         } else if value.get("toolgate_audit_export_end").is_some() {
             trailer = Some(serde_json::from_value(value).map_err(bad)?);
         } else {
-            let row: ChainedEvent = serde_json::from_value(value).map_err(bad)?;
+            let row: ChainedEvent = crate::audit::siem::parse_row(value).map_err(bad)?;
             run.get_or_insert_with(|| {
                 Verification::new(None, None, &dedup(std::mem::take(extra)), key)
             })

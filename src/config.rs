@@ -187,6 +187,10 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "TOOLGATE_BIND", default_value = "127.0.0.1:8787")]
     pub bind: SocketAddr,
+    /// Serve `/metrics` (and `/healthz`, `/readyz`) on this address instead, e.g. an
+    /// interface only the monitoring network reaches; the main address then answers 404 there.
+    #[arg(long, env = "TOOLGATE_METRICS_BIND")]
+    pub metrics_bind: Option<SocketAddr>,
     /// Folder of script tool groups.
     #[arg(long, env = "TOOLGATE_TOOLS_DIR", default_value = "./tools")]
     pub tools_dir: PathBuf,
@@ -273,6 +277,17 @@ pub struct ServeArgs {
     /// Audit partitions older than this many days are dropped.
     #[arg(long, env = "TOOLGATE_AUDIT_RETENTION_DAYS", default_value_t = 365)]
     pub audit_retention_days: u32,
+    /// Push the audit log to a SIEM, at least once, from a cursor kept in the database and
+    /// shared by the instances (repeatable; comma-separated in the variable):
+    /// `syslog+tcp://host:port`, `syslog+tls://host:port[?ca=/ca.pem]`,
+    /// `https://[:token@]host/path[?format=hec]`, `otlp+http://host:4318`; each with
+    /// `?format=ocsf|cef|jsonl`. See docs/audit-schema.md.
+    #[arg(
+        long = "audit-sink",
+        env = "TOOLGATE_AUDIT_SINK",
+        value_delimiter = ','
+    )]
+    pub audit_sink: Vec<String>,
     /// Ed25519 private key (from `toolgate audit keygen`) that signs audit checkpoints. Keep
     /// it out of the database; without it, a re-hashed chain cannot be detected.
     #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_KEY")]
@@ -643,6 +658,16 @@ pub enum AuditCommand {
         /// Only events of this OAuth client.
         #[arg(long)]
         client_id: Option<String>,
+        /// Only rows committed after this one (an id from the previous export; a JSONL
+        /// export's last line names the best one, `next_after_id`; 0 for the first pull):
+        /// incremental pulls that neither overlap nor skip a row another instance committed
+        /// late.
+        #[arg(long)]
+        after_id: Option<i64>,
+        /// Only events that took at least this many milliseconds (tool calls, upstream
+        /// requests).
+        #[arg(long)]
+        min_latency_ms: Option<i64>,
     },
     /// Check the hash chains, in the database or in an exported JSONL file: every row
     /// unedited, every chain complete up to its recorded head, every gap explained by

@@ -260,6 +260,56 @@ impl<'a> Gate<'a> {
         e
     }
 
+    /// A child of the request's span for one step of the core path (`resolve`, `limit`,
+    /// `audit`), when traces are exported; otherwise none: the steps cost nothing extra when
+    /// nobody looks.
+    fn step(&self, name: &'static str) -> tracing::Span {
+        if !crate::telemetry::exporting() {
+            return tracing::Span::none();
+        }
+        match name {
+            "resolve" => tracing::info_span!(parent: &self.span, "toolgate.resolve"),
+            "limit" => tracing::info_span!(parent: &self.span, "toolgate.limit"),
+            _ => tracing::info_span!(parent: &self.span, "toolgate.audit.commit"),
+        }
+    }
+
+    /// The span of running `tool` (the OpenTelemetry GenAI `execute_tool`), when traces are
+    /// exported.
+    fn execute_span(&self, tool: &str) -> tracing::Span {
+        if !crate::telemetry::exporting() {
+            return tracing::Span::none();
+        }
+        tracing::info_span!(
+            parent: &self.span,
+            "execute_tool",
+            otel.name = format!("execute_tool {tool}"),
+            otel.kind = "internal",
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = tool,
+        )
+    }
+
+    /// Records `e` durably, inside a span of its own: the commit is a step of the call.
+    async fn commit(&self, e: AuditEvent) -> Result<(), AuditUnavailable> {
+        use tracing::Instrument;
+        self.state
+            .audit
+            .record(e)
+            .instrument(self.step("audit"))
+            .await
+    }
+
+    /// Counts a refusal by its reason and, for an argument rule, the rule (`<on>.<param>`,
+    /// the same words the charts use).
+    fn refusal(&self, reason: &str, rule: &str) {
+        self.state
+            .metrics
+            .refusals
+            .with_label_values(&[self.principal.agent.as_str(), reason, rule])
+            .inc();
+    }
+
     /// Counts a call's outcome, and records it on the request's span.
     fn metric(&self, outcome: &str) {
         self.span.record("toolgate.outcome", outcome);
@@ -267,6 +317,13 @@ impl<'a> Gate<'a> {
             .metrics
             .tool_calls
             .with_label_values(&[self.surface.as_str(), outcome])
+            .inc();
+        // Per agent (bounded by the agents: the principal comes from a verified token), for
+        // "who is refused, and by what".
+        self.state
+            .metrics
+            .calls_by_agent
+            .with_label_values(&[self.principal.agent.as_str(), outcome])
             .inc()
     }
 
@@ -286,7 +343,10 @@ impl<'a> Gate<'a> {
             Some(tool) => LimitedAction::Call { agent, tool },
             None => LimitedAction::Agent(agent),
         };
-        let Err(refusal) = self.state.limits.take(action).await else {
+        let taken =
+            tracing::Instrument::instrument(self.state.limits.take(action), self.step("limit"))
+                .await;
+        let Err(refusal) = taken else {
             return Ok(());
         };
         let mut e = match tool {
@@ -345,11 +405,13 @@ impl<'a> Gate<'a> {
             self.span
                 .record("toolgate.tool", audit::bounded(name).as_str());
         }
-        let Some(tool) = self.resolve(name) else {
+        let resolved = self.step("resolve").in_scope(|| self.resolve(name));
+        let Some(tool) = resolved else {
             return Err(self.unknown_tool(name).await);
         };
         if let Err(r) = self.limit(EventKind::ToolCall, Some(name), None).await {
             self.metric("rate_limited");
+            self.refusal("rate limit", "");
             return Err(r);
         }
         Ok(Admitted { tool })
@@ -360,12 +422,14 @@ impl<'a> Gate<'a> {
     pub async fn unknown_tool(&self, label: &str) -> Refused {
         if let Err(r) = self.limit(EventKind::ToolCall, Some(label), None).await {
             self.metric("rate_limited");
+            self.refusal("rate limit", "");
             return r;
         }
         self.metric("unknown_tool");
+        self.refusal("not granted", "");
         let mut e = self.tool_event(EventKind::ToolCall, AuditOutcome::Denied, label);
         e.error = Some("unknown tool, or not granted to this agent".into());
-        match self.state.audit.record(e).await {
+        match self.commit(e).await {
             Ok(()) => Refused::UnknownTool(label.to_owned()),
             Err(err) => Refused::AuditUnavailable(err),
         }
@@ -412,6 +476,11 @@ impl<'a> Gate<'a> {
         };
         if !refusals.is_empty() {
             self.metric("argument_denied");
+            let named: Vec<String> = refusals
+                .iter()
+                .map(|(c, _)| format!("{}.{}", c.source, c.param))
+                .collect();
+            self.refusal("argument rule", &named.join(", "));
             let rules: Vec<Value> = refusals
                 .iter()
                 .map(|(c, _)| serde_json::json!({"on": c.source, "param": c.param, "rule": c.rule}))
@@ -423,11 +492,7 @@ impl<'a> Gate<'a> {
             e.bytes_in = bytes_in;
             e.error = Some(audit::scrub(&refused_by_rule.join("; "), &secrets));
             e.details = Some(self.details(serde_json::json!({"argument_rules": rules})));
-            self.state
-                .audit
-                .record(e)
-                .await
-                .map_err(Refused::AuditUnavailable)?;
+            self.commit(e).await.map_err(Refused::AuditUnavailable)?;
             return Err(Refused::InvalidArguments {
                 tool,
                 violations: refused_by_rule,
@@ -435,15 +500,12 @@ impl<'a> Gate<'a> {
         }
         if !violations.is_empty() {
             self.metric("invalid_arguments");
+            self.refusal("input schema", "");
             let mut e = self.tool_event(EventKind::ToolCall, AuditOutcome::InvalidArguments, name);
             e.arguments = redacted;
             e.bytes_in = bytes_in;
             e.error = Some(audit::scrub(&violations.join("; "), &secrets));
-            self.state
-                .audit
-                .record(e)
-                .await
-                .map_err(Refused::AuditUnavailable)?;
+            self.commit(e).await.map_err(Refused::AuditUnavailable)?;
             return Err(Refused::InvalidArguments { tool, violations });
         }
         let args = args.unwrap_or_default();
@@ -453,33 +515,21 @@ impl<'a> Gate<'a> {
         e.arguments = redacted;
         e.bytes_in = bytes_in;
         self.span.record("toolgate.call_id", call_id.as_str());
-        if let Err(err) = self.state.audit.record(e).await {
+        if let Err(err) = self.commit(e).await {
             self.metric("audit_unavailable");
             return Err(Refused::AuditUnavailable(err));
         }
 
         let ran = Instant::now();
-        let trace = crate::telemetry::context_of(&self.span);
-        let outcome = match &tool.exec {
-            Execution::Script(spec) => {
-                Outcome::Script(runner::run(spec, &args, &self.state.settings.output, &trace).await)
-            }
-            Execution::Upstream {
-                upstream,
-                tool: original,
-            } => {
-                let map = match args {
-                    Value::Object(m) => m,
-                    _ => serde_json::Map::new(),
-                };
-                Outcome::Upstream(
-                    self.state
-                        .upstreams
-                        .call(upstream, original, map, &trace)
-                        .await,
-                )
-            }
-        };
+        // The script or upstream continues the trace from the run's own span.
+        let run_span = self.execute_span(name);
+        let trace = crate::telemetry::context_of(if run_span.is_none() {
+            &self.span
+        } else {
+            &run_span
+        });
+        let outcome =
+            tracing::Instrument::instrument(self.execute(&tool, args, &trace), run_span).await;
         let latency = ran.elapsed();
 
         let mut e = self.tool_event(EventKind::ToolResult, outcome.audit_outcome(), name);
@@ -522,7 +572,7 @@ impl<'a> Gate<'a> {
                     .map(|m| truncate(&audit::scrub(&m, &secrets), 4096))
             }
         }
-        if let Err(err) = self.state.audit.record(e).await {
+        if let Err(err) = self.commit(e).await {
             self.metric("audit_unavailable");
             return Err(Refused::AuditUnavailable(err));
         }
@@ -540,6 +590,35 @@ impl<'a> Gate<'a> {
             outcome,
             latency,
         })
+    }
+
+    /// Runs the tool: its script, or a call to its upstream.
+    async fn execute(
+        &self,
+        tool: &Tool,
+        args: Value,
+        trace: &crate::telemetry::TraceContext,
+    ) -> Outcome {
+        match &tool.exec {
+            Execution::Script(spec) => {
+                Outcome::Script(runner::run(spec, &args, &self.state.settings.output, trace).await)
+            }
+            Execution::Upstream {
+                upstream,
+                tool: original,
+            } => {
+                let map = match args {
+                    Value::Object(m) => m,
+                    _ => serde_json::Map::new(),
+                };
+                Outcome::Upstream(
+                    self.state
+                        .upstreams
+                        .call(upstream, original, map, trace)
+                        .await,
+                )
+            }
+        }
     }
 
     /// A whole call: [`Self::admit_call`] then [`Self::run`].

@@ -115,7 +115,11 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
-    let span = if crate::telemetry::exporting() {
+    let probe = matches!(req.uri().path(), "/healthz" | "/readyz");
+    let span = if probe {
+        // A probe every few seconds per orchestrator would bury the traces that matter.
+        tracing::Span::none()
+    } else if crate::telemetry::exporting() {
         traced_span(&req, &id)
     } else {
         // Logs read the same as before traces existed.
@@ -180,12 +184,22 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
     response
 }
 
-/// Health, readiness and metrics.
-pub fn ops_router() -> Router<AppState> {
-    Router::new()
+/// Health and readiness, and metrics unless they have a listener of their own
+/// ([`metrics_router`]).
+pub fn ops_router(with_metrics: bool) -> Router<AppState> {
+    let router = Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/readyz", get(readyz));
+    if with_metrics {
+        router.route("/metrics", get(metrics))
+    } else {
+        router
+    }
+}
+
+/// What `--metrics-bind` serves: metrics, and the probes beside them.
+pub fn metrics_router(state: AppState) -> Router {
+    ops_router(true).with_state(state)
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
@@ -217,6 +231,21 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
+    // What is read at scrape time rather than counted as it happens.
+    let m = &state.metrics;
+    m.audit_queue.set(state.audit.queued() as i64);
+    let open = i64::from(state.db.size());
+    let idle = state.db.num_idle() as i64;
+    m.db_connections.with_label_values(&["open"]).set(open);
+    m.db_connections.with_label_values(&["idle"]).set(idle);
+    m.db_connections
+        .with_label_values(&["in_use"])
+        .set(open - idle);
+    if let Ok(sinks) = crate::db::sinks::status(&state.db, 100_000).await {
+        for (sink, _, _, _, waiting) in sinks {
+            m.sink_lag.with_label_values(&[sink.as_str()]).set(waiting);
+        }
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -100,14 +100,19 @@ pub(super) struct AuditParams {
     tool: Option<String>,
     /// An event type, e.g. `tool.result`, `auth.denied`, `admin.change`.
     event_type: Option<String>,
-    /// `ok`, `error` or `denied`.
+    /// An outcome, e.g. `success`, `denied`, `tool_error`, `rate_limited`.
     outcome: Option<String>,
     /// A person: what hosts did for them and what they did themselves.
     person: Option<String>,
     /// One OAuth client.
     client_id: Option<String>,
+    /// Only events that took at least this many milliseconds (tool calls, upstream requests).
+    min_latency_ms: Option<i64>,
     /// Cursor: only events with a smaller id (the previous page's `next_before`).
     before: Option<i64>,
+    /// Incremental cursor: only events committed after this one, oldest first (the previous
+    /// page's `next_after`). Never skips a row another instance committed late.
+    after_id: Option<i64>,
     /// Page size, 1 to 500 (50 by default).
     limit: Option<i64>,
 }
@@ -117,7 +122,7 @@ pub(super) struct AuditParams {
 #[into_params(parameter_in = Query)]
 #[allow(dead_code)]
 pub(super) struct ExportParams {
-    /// `csv` or `jsonl`.
+    /// `csv`, `jsonl`, `ocsf` (OCSF 1.8.0 JSON lines) or `cef` (ArcSight CEF lines).
     format: String,
     since: Option<chrono::DateTime<chrono::Utc>>,
     until: Option<chrono::DateTime<chrono::Utc>>,
@@ -127,6 +132,9 @@ pub(super) struct ExportParams {
     outcome: Option<String>,
     person: Option<String>,
     client_id: Option<String>,
+    min_latency_ms: Option<i64>,
+    /// Only events committed after this one (a JSONL export's `next_after_id`).
+    after_id: Option<i64>,
 }
 
 /// What holds for every operation, said once: the bearer admin token, and the error answers.

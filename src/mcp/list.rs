@@ -136,7 +136,20 @@ pub(super) async fn answer(
     let gate = Gate::new(state, principal, Surface::Mcp, origin);
     state.metrics.mcp_fast_lists.inc();
     let cursor = list.params.as_ref().and_then(|p| p.cursor.as_deref());
-    let message = match listing(state, &gate, cursor).await {
+    let started = std::time::Instant::now();
+    let listed = listing(state, &gate, cursor).await;
+    state.metrics.mcp_operation(
+        "tools/list",
+        None,
+        &principal.agent,
+        listed
+            .as_ref()
+            .err()
+            .map(|e| e.code.0.to_string())
+            .as_deref(),
+        started.elapsed(),
+    );
+    let message = match listed {
         Ok(listing) => return Some(json_response(body(listing, request.id.clone(), era))),
         Err(error) => ServerJsonRpcMessage::error(error, Some(request.id.clone())),
     };

@@ -209,11 +209,23 @@ impl ServerHandler for Gateway {
         request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        let started = std::time::Instant::now();
         let (principal, origin) = caller(&ctx)?;
         let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
         let cursor = request.and_then(|r| r.cursor);
-        let listing = list::listing(&self.state, &gate, cursor.as_deref()).await?;
-        Ok(listing.into_result())
+        let listing = list::listing(&self.state, &gate, cursor.as_deref()).await;
+        self.state.metrics.mcp_operation(
+            "tools/list",
+            None,
+            &principal.agent,
+            listing
+                .as_ref()
+                .err()
+                .map(|e| e.code.0.to_string())
+                .as_deref(),
+            started.elapsed(),
+        );
+        Ok(listing?.into_result())
     }
 
     fn get_tool(&self, name: &str) -> Option<rmcp::model::Tool> {
@@ -236,24 +248,30 @@ impl ServerHandler for Gateway {
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        let started = std::time::Instant::now();
         let (principal, origin) = caller(&ctx)?;
         let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
-        // The meta-tools exist for agents configured for search or auto (even while auto
-        // lists in full, so that a client holding a list from before a grant change still
-        // works); a `full` agent has none, and calling one is calling an unknown tool.
-        if search::is_meta_tool(&request.name) && gate.has_meta_tools() {
-            let args = request.arguments.unwrap_or_default();
-            return if request.name == search::SEARCH_TOOLS {
-                search_tools(&gate, &args).await
-            } else {
-                match search::parse_call(&args) {
-                    Ok(c) => call(&gate, &c.name, c.arguments, true).await,
-                    Err(message) => Ok(tool_error(message)),
-                }
-            };
-        }
-        let args = Value::Object(request.arguments.unwrap_or_default());
-        call(&gate, &request.name, args, false).await
+        let name = request.name.to_string();
+        let result = call_tool(&gate, request).await;
+        // The tool label only for a name the caller may see: no label values minted from
+        // made-up names, no trace of an ungranted tool.
+        let visible =
+            (search::is_meta_tool(&name) && gate.has_meta_tools()) || gate.resolve(&name).is_some();
+        let error_type = match &result {
+            Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => {
+                Some("tool_error".to_owned())
+            }
+            Ok(_) => None,
+            Err(e) => Some(e.code.0.to_string()),
+        };
+        self.state.metrics.mcp_operation(
+            "tools/call",
+            visible.then_some(name.as_str()),
+            &principal.agent,
+            error_type.as_deref(),
+            started.elapsed(),
+        );
+        result
     }
 
     async fn list_prompts(
@@ -411,6 +429,29 @@ fn advertise_apps(gate: &Gate<'_>, info: &mut ServerConfig) {
         .extensions
         .get_or_insert_with(Default::default)
         .insert(apps::UI_EXTENSION.to_owned(), ui);
+}
+
+/// `tools/call`: a meta-tool, or a tool through the core path.
+async fn call_tool(
+    gate: &Gate<'_>,
+    request: CallToolRequestParams,
+) -> Result<CallToolResponse, McpError> {
+    // The meta-tools exist for agents configured for search or auto (even while auto
+    // lists in full, so that a client holding a list from before a grant change still
+    // works); a `full` agent has none, and calling one is calling an unknown tool.
+    if search::is_meta_tool(&request.name) && gate.has_meta_tools() {
+        let args = request.arguments.unwrap_or_default();
+        return if request.name == search::SEARCH_TOOLS {
+            search_tools(gate, &args).await
+        } else {
+            match search::parse_call(&args) {
+                Ok(c) => call(gate, &c.name, c.arguments, true).await,
+                Err(message) => Ok(tool_error(message)),
+            }
+        };
+    }
+    let args = Value::Object(request.arguments.unwrap_or_default());
+    call(gate, &request.name, args, false).await
 }
 
 /// A tool call, direct or through `call_tool` (`via_meta`): always the core path, so grants,

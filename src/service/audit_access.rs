@@ -101,6 +101,22 @@ fn access_event(reader: Reader<'_>, access: &Access<'_>) -> AuditEvent {
     e
 }
 
+/// An `after_id` cursor must name a row: a mistyped or retired one would otherwise read as
+/// "nothing new" forever.
+async fn check_cursor(on: Plane<'_>, filter: &AuditFilter) -> Result<()> {
+    match filter.after_id {
+        Some(id) if id < 0 => Err(ServiceError::Invalid(format!(
+            "after_id {id}: pass 0 to start from the beginning, or an id from the previous read"
+        ))),
+        Some(id) if id > 0 && !db::audit::cursor_exists(on.db(), id).await? => {
+            Err(ServiceError::Invalid(format!(
+                "after_id {id} names no row of the audit log (retention may have dropped it): pass an id from the previous read, or 0 with since= to start again"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Makes the record of an access durable, in the control-plane chain, before the access.
 async fn record(on: Plane<'_>, reader: Reader<'_>, access: &Access<'_>) -> Result<()> {
     let event = access_event(reader, access);
@@ -125,6 +141,7 @@ pub async fn rows<'a>(
     limit: i64,
 ) -> Result<Vec<ChainedEvent>> {
     let on = on.into();
+    check_cursor(on, filter).await?;
     record(
         on,
         reader,
@@ -160,6 +177,7 @@ pub async fn export<'a>(
     filter: AuditFilter,
 ) -> Result<impl Stream<Item = Result<bytes::Bytes, sqlx::Error>> + Send + 'static> {
     let on = on.into();
+    check_cursor(on, &filter).await?;
     record(
         on,
         reader,
@@ -172,11 +190,118 @@ pub async fn export<'a>(
     Ok(export::stream(on.db().clone(), format, filter))
 }
 
-/// Calls and refusals since `since`: totals, not rows (the dashboard's figures), so not a
-/// read of the log's contents.
+/// Calls and refusals since `since`: totals from the rollups (the dashboard's figures, never a
+/// scan of the log), so not a read of the log's contents.
 pub async fn counts_since<'a>(
     on: impl Into<Plane<'a>>,
     since: chrono::DateTime<chrono::Utc>,
 ) -> Result<(i64, i64)> {
-    Ok(db::audit::counts_since(on.into().db(), since).await?)
+    Ok(db::rollups::counts_since(on.into().db(), since).await?)
+}
+
+/// The span a chart covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Range {
+    #[default]
+    Hour,
+    Day,
+    Week,
+}
+
+impl Range {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Range::Hour => "hour",
+            Range::Day => "day",
+            Range::Week => "week",
+        }
+    }
+
+    /// The whole span and one bar's width, in seconds.
+    /// The rollup granularity a chart of this span reads.
+    pub fn granularity(self) -> &'static str {
+        match self {
+            Range::Hour | Range::Day => "minute",
+            Range::Week => "hour",
+        }
+    }
+
+    pub fn span_and_step(self) -> (i64, i64) {
+        match self {
+            Range::Hour => (3600, 60),
+            Range::Day => (86_400, 900),
+            Range::Week => (604_800, 3600),
+        }
+    }
+}
+
+/// One bar of a chart: calls that succeeded, failed, or were refused, and latency.
+#[derive(Debug, Clone, Default)]
+pub struct Point {
+    pub start: chrono::DateTime<chrono::Utc>,
+    pub ok: i64,
+    pub errors: i64,
+    pub denials: i64,
+    pub p50_ms: Option<i64>,
+    pub p95_ms: Option<i64>,
+}
+
+/// Tool calls over `range`, from the rollups (totals, not rows: not a read of the log's
+/// contents), of everything, one agent or one tool. Every bar is present, empty ones at zero.
+pub async fn activity<'a>(
+    on: impl Into<Plane<'a>>,
+    range: Range,
+    scope: &db::rollups::Scope,
+) -> Result<Vec<Point>> {
+    use crate::audit::rollup::quantile;
+    let (span, step) = range.span_and_step();
+    let now = chrono::Utc::now().timestamp();
+    let first = (now - span) / step * step + step;
+    let since = chrono::DateTime::from_timestamp(first, 0).unwrap_or_default();
+    let buckets =
+        db::rollups::series(on.into().db(), since, step, range.granularity(), scope).await?;
+    let n = (span / step) as usize;
+    let mut points: Vec<Point> = (0..n)
+        .map(|i| Point {
+            start: chrono::DateTime::from_timestamp(first + i as i64 * step, 0).unwrap_or_default(),
+            ..Point::default()
+        })
+        .collect();
+    let mut hist: Vec<Vec<i64>> = vec![vec![0; crate::audit::rollup::BOUNDS_MS.len() + 1]; n];
+    for b in buckets {
+        let i = (b.start.timestamp() - first) / step;
+        let Some(p) = usize::try_from(i).ok().and_then(|i| points.get_mut(i)) else {
+            continue;
+        };
+        match Outcome::parse(&b.outcome) {
+            Some(Outcome::Success) => p.ok += b.calls,
+            Some(Outcome::Denied | Outcome::RateLimited | Outcome::InvalidArguments) => {
+                p.denials += b.calls
+            }
+            _ => p.errors += b.calls,
+        }
+        if let Some(h) = hist.get_mut(i as usize) {
+            for (a, v) in h.iter_mut().zip(&b.latency_ms) {
+                *a += v;
+            }
+        }
+    }
+    for (p, h) in points.iter_mut().zip(&hist) {
+        p.p50_ms = quantile(h, 0.5);
+        p.p95_ms = quantile(h, 0.95);
+    }
+    Ok(points)
+}
+
+/// Refusals over `range` by agent, tool, reason and rule, most first (twenty at most); of
+/// one agent or one tool when given.
+pub async fn refusals<'a>(
+    on: impl Into<Plane<'a>>,
+    range: Range,
+    agent: Option<&str>,
+    tool: Option<&str>,
+) -> Result<Vec<db::rollups::Refusals>> {
+    let since = chrono::Utc::now() - chrono::Duration::seconds(range.span_and_step().0);
+    Ok(db::rollups::refusals(on.into().db(), since, agent, tool, 20).await?)
 }

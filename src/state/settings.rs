@@ -31,6 +31,8 @@ pub struct Settings {
     pub mcp_fast_list: bool,
     /// Tokens of tool definitions up to which `discovery: auto` lists in full.
     pub search_token_budget: usize,
+    /// A listener of its own for `/metrics`; `None`: served on the main address.
+    pub metrics_bind: Option<std::net::SocketAddr>,
     pub allowed_hosts: Vec<String>,
     pub allowed_origins: Vec<String>,
     pub loader: LoaderSettings,
@@ -116,6 +118,7 @@ impl Settings {
             page_size: args.page_size.clamp(1, 1000),
             mcp_fast_list: args.mcp_fast_list == crate::config::OnOff::On,
             search_token_budget: args.search_token_budget,
+            metrics_bind: args.metrics_bind,
             allowed_hosts,
             allowed_origins,
             loader: LoaderSettings {

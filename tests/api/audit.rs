@@ -1214,7 +1214,7 @@ async fn a_serving_role_that_may_only_append_serves_and_cannot_rewrite_the_log(p
 }
 
 /// `toolgate audit verify --file` on `content`: whether it passed, and what it printed.
-async fn verify_text(pool: &PgPool, content: &str) -> (bool, String) {
+pub(crate) async fn verify_text(pool: &PgPool, content: &str) -> (bool, String) {
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), content).unwrap();
     let out = cli(pool, &["verify", "--file", file.path().to_str().unwrap()]).await;
@@ -1288,7 +1288,11 @@ async fn a_filtered_export_says_so_and_a_cut_or_edited_one_is_still_caught(pool:
     // goes on from it (no "rows N to M are missing" for the rows after it).
     let rows: Vec<&str> = whole.lines().collect();
     let middle = rows.len() / 2;
-    assert!(rows[middle].starts_with("{\"id\":"), "{}", rows[middle]);
+    assert!(
+        rows[middle].starts_with("{\"format\":\"toolgate-audit-v2\""),
+        "{}",
+        rows[middle]
+    );
     let mut one_edited: Vec<String> = rows.iter().map(|l| (*l).to_owned()).collect();
     one_edited[middle] = if one_edited[middle].contains("\"outcome\":\"success\"") {
         one_edited[middle].replacen("\"outcome\":\"success\"", "\"outcome\":\"denied\"", 1)
@@ -1307,7 +1311,10 @@ async fn a_filtered_export_says_so_and_a_cut_or_edited_one_is_still_caught(pool:
     // ... and a whole chain taken out of it is named.
     let without_cp: Vec<&str> = whole
         .lines()
-        .filter(|l| !(l.starts_with("{\"id\":") && l.contains("\"chain\":\"control-plane\"")))
+        .filter(|l| {
+            !(l.starts_with("{\"format\":\"toolgate-audit-v2\"")
+                && l.contains("\"chain\":\"control-plane\""))
+        })
         .collect();
     let fixed = without_cp.join("\n");
     let (ok, out) = verify_text(&pool, &fixed).await;
@@ -1664,4 +1671,139 @@ async fn a_serving_role_without_grants_is_told_to_run_migrate_serving_role(pool:
         exec(&pool, &format!("DROP OWNED BY {r}")).await.unwrap();
         exec(&pool, &format!("DROP ROLE {r}")).await.unwrap();
     }
+}
+
+/// Inserts one chained tool-call row with a latency, a person and a client, as a writer would.
+async fn insert_timed(pool: &PgPool, chain_name: &str, latency_ms: i64) -> i64 {
+    use toolgate::audit::chain::{self, GENESIS};
+    use toolgate::audit::{AuditEvent, EventKind, Outcome};
+    let mut e = AuditEvent::new(EventKind::ToolResult, Outcome::Success);
+    e.agent = Some("assistant".into());
+    e.tool = Some("weather__current".into());
+    e.person = Some("ada".into());
+    e.client_id = Some("https://host.example/client.json".into());
+    e.latency_us = Some(latency_ms * 1000);
+    let r = chain::extend(chain_name, (0, GENESIS), "test", e);
+    sqlx::query_scalar(
+        "INSERT INTO audit_events (at, chain, chain_seq, prev_hash, hash, instance, event_type,
+                                   outcome, agent, tool, person, client_id, latency_us)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id",
+    )
+    .bind(r.event.at)
+    .bind(&r.chain)
+    .bind(r.chain_seq)
+    .bind(&r.prev_hash)
+    .bind(&r.hash)
+    .bind(&r.instance)
+    .bind(&r.event.event_type)
+    .bind(&r.event.outcome)
+    .bind(&r.event.agent)
+    .bind(&r.event.tool)
+    .bind(&r.event.person)
+    .bind(&r.event.client_id)
+    .bind(r.event.latency_us)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn the_list_shows_person_client_and_latency_and_filters_on_latency(pool: PgPool) {
+    let app = TestApp::new(pool.clone()).await;
+    let fast = insert_timed(&pool, "fast", 3).await;
+    let slow = insert_timed(&pool, "slow", 1500).await;
+
+    let ids = |body: &Value| -> Vec<i64> {
+        body["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["id"].as_i64().unwrap())
+            .collect()
+    };
+    let api = app
+        .admin("GET", "/api/v1/audit?min_latency_ms=1000", None)
+        .await;
+    assert_eq!(api.status, StatusCode::OK, "{}", api.text);
+    assert_eq!(ids(&api.body), vec![slow]);
+    let all = app
+        .admin("GET", "/api/v1/audit?min_latency_ms=0", None)
+        .await;
+    let all = ids(&all.body);
+    assert!(all.contains(&fast) && all.contains(&slow), "{all:?}");
+    // The export says it was filtered, naming the latency bound.
+    let export = app
+        .admin(
+            "GET",
+            "/api/v1/audit/export?format=jsonl&min_latency_ms=1000",
+            None,
+        )
+        .await;
+    assert_eq!(export.status, StatusCode::OK, "{}", export.text);
+    let rows: Vec<Value> = export
+        .text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &Value| v.get("event_type").is_some())
+        .collect();
+    assert_eq!(rows.len(), 1, "{}", export.text);
+    assert_eq!(rows[0]["id"], json!(slow));
+    assert!(
+        export.text.contains("\"min_latency_ms\":1000"),
+        "the export names its filter: {}",
+        export.text
+    );
+
+    let mut b = crate::web::Browser::signed_in(&app, "aud", "auditor").await;
+    let page = b.get("/admin/audit").await;
+    assert_eq!(page.status, StatusCode::OK);
+    for want in [
+        ">Person</th>",
+        ">Client</th>",
+        ">Latency</th>",
+        "href=\"/admin/audit?person=ada\"",
+        "https://host.example/client.json",
+        "3.0 ms",
+        "1500 ms",
+    ] {
+        assert!(page.text.contains(want), "{want} missing from the list");
+    }
+    let filtered = b.get("/admin/audit?min_latency_ms=1000").await;
+    assert!(filtered.text.contains("1500 ms") && !filtered.text.contains("3.0 ms"));
+    assert!(
+        filtered.text.contains("value=\"1000\""),
+        "the form keeps the bound"
+    );
+    let bad = b.get("/admin/audit?min_latency_ms=slow").await;
+    assert!(
+        bad.text.contains("is not a number of milliseconds"),
+        "{}",
+        bad.text
+    );
+    // Attacker-controlled text in the new columns is escaped.
+    let mut e = toolgate::audit::AuditEvent::new(
+        toolgate::audit::EventKind::ToolResult,
+        toolgate::audit::Outcome::Success,
+    );
+    e.client_id = Some("<script>x</script>".into());
+    let r = toolgate::audit::chain::extend("hostile", (0, toolgate::audit::chain::GENESIS), "t", e);
+    sqlx::query(
+        "INSERT INTO audit_events (at, chain, chain_seq, prev_hash, hash, instance, event_type,
+                                   outcome, client_id) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
+    )
+    .bind(r.event.at)
+    .bind(&r.chain)
+    .bind(r.chain_seq)
+    .bind(&r.prev_hash)
+    .bind(&r.hash)
+    .bind(&r.instance)
+    .bind(&r.event.event_type)
+    .bind(&r.event.outcome)
+    .bind(&r.event.client_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let page = b.get("/admin/audit").await;
+    assert!(!page.text.contains("<script>x</script>"));
+    assert!(page.text.contains("&#60;script&#62;x&#60;/script&#62;"));
 }

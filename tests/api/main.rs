@@ -32,6 +32,8 @@ mod sandbox;
 mod scripts;
 mod search;
 mod shared;
+mod siem;
+mod sinks;
 mod strangers;
 mod tokens;
 mod upstream;

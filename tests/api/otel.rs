@@ -420,10 +420,47 @@ async fn a_call_continues_the_callers_trace_into_scripts_and_upstreams(pool: PgP
         details["trace_id"], TRACE_ID,
         "the audit row names the trace"
     );
-    // The script's parent is the gateway's span, in the caller's trace, with its state.
+    // The core path's steps are children of the request's span; the script's parent is the
+    // run's span, in the caller's trace, with its state.
+    let request_span = hex(&span.span_id);
+    let child = |name: &'static str| {
+        let request_span = request_span.clone();
+        let receiver = &receiver;
+        async move {
+            receiver
+                .wait_for(name, |s| {
+                    s.name.starts_with(name) && hex(&s.parent_span_id) == request_span
+                })
+                .await
+        }
+    };
+    for step in ["toolgate.resolve", "toolgate.limit"] {
+        child(step).await;
+    }
+    // The started row and the result, each committed in a span of its own.
+    let commits = || {
+        receiver
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.name == "toolgate.audit.commit" && hex(&s.parent_span_id) == request_span)
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while commits() < 2 {
+        assert!(Instant::now() < deadline, "{} commit span(s)", commits());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(commits(), 2);
+    let run = child("execute_tool env__show").await;
+    assert_eq!(
+        text_attr(&run, "gen_ai.tool.name").as_deref(),
+        Some("env__show")
+    );
     assert_eq!(
         env["traceparent"],
-        format!("00-{TRACE_ID}-{}-01", hex(&span.span_id)),
+        format!("00-{TRACE_ID}-{}-01", hex(&run.span_id)),
         "{env}"
     );
     assert_eq!(env["tracestate"], "agentvendor=t61rcWkgMzE");
@@ -449,9 +486,15 @@ async fn a_call_continues_the_callers_trace_into_scripts_and_upstreams(pool: PgP
         text_attr(&span, "url.path").as_deref(),
         Some("/tools/env/show")
     );
+    let rest_span = hex(&span.span_id);
+    let run = receiver
+        .wait_for("the REST call's run", |s| {
+            s.name == "execute_tool env__show" && hex(&s.parent_span_id) == rest_span
+        })
+        .await;
     assert_eq!(
         rest_env["traceparent"],
-        format!("00-{TRACE_ID}-{}-01", hex(&span.span_id))
+        format!("00-{TRACE_ID}-{}-01", hex(&run.span_id))
     );
 
     // An upstream tool: the upstream is sent the trace as a header.
@@ -467,7 +510,13 @@ async fn a_call_continues_the_callers_trace_into_scripts_and_upstreams(pool: PgP
         text_attr(&span, "toolgate.outcome").as_deref(),
         Some("success")
     );
-    let expected = format!("00-{TRACE_ID}-{}-01", hex(&span.span_id));
+    let up_span = hex(&span.span_id);
+    let run = receiver
+        .wait_for("the upstream call's run", |s| {
+            s.name == "execute_tool up__echo" && hex(&s.parent_span_id) == up_span
+        })
+        .await;
+    let expected = format!("00-{TRACE_ID}-{}-01", hex(&run.span_id));
     let saw = upstream_saw.lock().unwrap().clone();
     assert!(
         saw.contains(&expected),
@@ -517,7 +566,7 @@ async fn a_malformed_traceparent_starts_a_new_trace_and_spans_are_flushed_at_exi
         "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     ] {
         let r = http
-            .get(format!("{base}/healthz"))
+            .get(format!("{base}/.well-known/oauth-authorization-server"))
             .header("traceparent", bad)
             .header("tracestate", "=,,bad key")
             .send()
@@ -541,12 +590,22 @@ async fn a_malformed_traceparent_starts_a_new_trace_and_spans_are_flushed_at_exi
         .unwrap();
     assert!(status.success(), "{status}");
     let spans = receiver.spans.lock().unwrap().clone();
-    let health: Vec<&Span> = spans.iter().filter(|s| s.name == "GET /healthz").collect();
+    let metadata: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name == "GET /.well-known/oauth-authorization-server")
+        .collect();
     assert!(
-        health.len() >= 3,
+        metadata.len() >= 3,
         "the last spans were not flushed: {spans:?}"
     );
-    for s in health {
+    // The readiness polls that waited for the server to start left no trace.
+    assert!(
+        !spans
+            .iter()
+            .any(|s| s.name.contains("/readyz") || s.name.contains("/healthz")),
+        "health probes were traced: {spans:?}"
+    );
+    for s in metadata {
         assert!(
             s.parent_span_id.is_empty(),
             "a bad traceparent was followed: {s:?}"

@@ -203,6 +203,7 @@ test("an admin fixes a typo grant in the browser and exports the audit log", { t
     assert.ok(csv.trim().split("\n").slice(1).every((l) => l.includes("admin.change")));
   });
 
+  let meteoClient;
   await t.test("the other pages render", async () => {
     await page.locator('table.data tbody tr a[href^="/admin/audit/"]').first().click();
     assert.match(await page.locator("h1").textContent(), /^Audit event \d+$/);
@@ -220,6 +221,10 @@ test("an admin fixes a typo grant in the browser and exports the audit log", { t
     await page.getByLabel("New client: description").fill("browser test");
     await page.getByRole("button", { name: "Create client" }).click();
     assert.match(await page.locator("#client-secret").textContent(), /^tgs_/);
+    meteoClient = {
+      id: (await page.locator("#client-id").textContent()).trim(),
+      secret: (await page.locator("#client-secret").textContent()).trim(),
+    };
     await shot("12-client-secret.png", false);
     const known = problems.length;
     const missing = await page.goto(`${base}/admin/no-such-page`);
@@ -301,6 +306,75 @@ test("an admin fixes a typo grant in the browser and exports the audit log", { t
     assert.equal(await page.locator("article.held").count(), 0);
     await page.goto(`${base}/admin`);
     assert.equal(await page.locator('.problems li[data-problem="held-tools"]').count(), 0);
+  });
+
+  await t.test("a load run is charted on the dashboard, the agent's page and the tool's page", async () => {
+    const basic = Buffer.from(`${meteoClient.id}:${meteoClient.secret}`).toString("base64");
+    const issued = await fetch(`${base}/oauth/token`, {
+      method: "POST",
+      headers: { authorization: `Basic ${basic}`, "content-type": "application/x-www-form-urlencoded" },
+      body: new URLSearchParams({ grant_type: "client_credentials", resource: `${base}/mcp` }),
+    });
+    assert.equal(issued.status, 200, await issued.clone().text());
+    const { access_token: token } = await issued.json();
+    // Successes, tool errors, refusals by the argument rule saved above, calls to a tool meteo
+    // is not granted, and (meteo's burst is 10) rate-limited calls: every one is one counted row.
+    const call = async (route, body) => {
+      const r = await fetch(`${base}${route}`, {
+        method: body ? "POST" : "GET",
+        headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+        body: body ? JSON.stringify(body) : undefined,
+      });
+      await r.arrayBuffer();
+      return r.status;
+    };
+    const calls = [];
+    // Paced, one at a time: successes, tool errors, rule refusals and ungranted calls.
+    for (let i = 0; i < 30; i++) {
+      // The weather operations are GETs (arguments in the query), search's a POST.
+      const [route, body] = [
+        ["/tools/weather/current?city=Paris", null],
+        ["/tools/weather/current?city=Tokyo", null],
+        ["/tools/weather/forecast?city=Paris&days=7", null],
+        ["/tools/weather/current?city=Atlantis", null],
+        ["/tools/weather/forecast?city=Paris&days=2", null],
+        ["/tools/search/query", { q: "deploy" }],
+      ][i % 6];
+      calls.push(await call(route, body));
+      if (i % 6 === 5) await new Promise((res) => setTimeout(res, 1200));
+    }
+    // Then a burst of 18 at once: the limiter (burst 10, 5 per second) must refuse some of
+    // them however fast or slow the scripts run, since all arrive before the bucket refills.
+    calls.push(...(await Promise.all(Array.from({ length: 18 }, () => call("/tools/weather/current?city=Paris", null)))));
+    assert.ok(calls.includes(200) && calls.includes(429), `statuses: ${calls}`);
+    // The rollup follower runs beside the server: wait until the chart holds every call.
+    let total = -1;
+    for (let i = 0; i < 120 && total < 48; i++) {
+      await page.goto(`${base}/admin?range=hour`);
+      total = Number(await page.locator('[data-chart="calls"]').getAttribute("data-total"));
+      if (total < 48) await new Promise((res) => setTimeout(res, 250));
+    }
+    assert.ok(total >= 48, `the dashboard charted ${total} calls`);
+    const refusals = page.locator('table[data-table="refusals"]');
+    assert.match(await refusals.textContent(), /weather__forecast\.days/);
+    assert.match(await refusals.textContent(), /not granted/);
+    assert.match(await refusals.textContent(), /rate limit/);
+    await page.locator("#activity-heading").scrollIntoViewIfNeeded();
+    await page.locator('section[data-range="hour"]').screenshot({ path: path.join(shots, "20-dashboard-charts.png") });
+    await page.goto(`${base}/admin/agents/meteo?range=day`);
+    assert.ok(Number(await page.locator('[data-chart="calls"]').getAttribute("data-total")) >= 48);
+    await page.locator('section[data-range="day"]').screenshot({ path: path.join(shots, "21-agent-charts.png") });
+    await page.goto(`${base}/admin/tools`);
+    await page.getByRole("link", { name: "weather__current", exact: true }).click();
+    await page.waitForURL(`${base}/admin/tools/weather__current`);
+    assert.ok(Number(await page.locator('[data-chart="calls"]').getAttribute("data-total")) > 0);
+    assert.equal(await page.locator('[data-chart="latency"] .line-p95').count(), 1);
+    await shot("22-tool-page.png");
+    // The audit list shows latency and filters on it.
+    await page.goto(`${base}/admin/audit?tool=weather__current&event_type=tool.result`);
+    assert.match(await page.locator("table.data thead").textContent(), /Latency/);
+    assert.match(await page.locator("table.data tbody").textContent(), /\d ms/);
+    await shot("23-audit-latency.png");
   });
 
   await t.test("no page had a script error or a CSP violation", () => {
