@@ -188,42 +188,77 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn start_http(entry: &std::path::Path, port: u16) -> std::process::Child {
-    std::process::Command::new("node")
-        .arg(entry)
-        .arg("streamableHttp")
-        .env("PORT", port.to_string())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap()
+/// The reference server over Streamable HTTP, its stderr kept in a file so a failed start says why.
+struct HttpServer {
+    child: std::process::Child,
+    stderr: tempfile::NamedTempFile,
 }
 
-/// Waits for the server to listen: up to 30 s, as Node starts slowly on a loaded machine
-/// (the whole suite runs beside it); a server that exited (its port taken meanwhile) is said
-/// so at once.
-async fn wait_port(port: u16, server: &mut std::process::Child) {
-    for _ in 0..300 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return;
-        }
-        if let Ok(Some(status)) = server.try_wait() {
-            panic!("the upstream server exited ({status}) before listening on {port}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+impl HttpServer {
+    fn spawn(entry: &std::path::Path, port: u16) -> Self {
+        let stderr = tempfile::NamedTempFile::new().unwrap();
+        let child = std::process::Command::new("node")
+            .arg(entry)
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr.reopen().unwrap())
+            .spawn()
+            .unwrap();
+        Self { child, stderr }
     }
-    panic!("nothing listens on {port} after 30 s");
+
+    /// Waits for the server to listen: up to 30 s, as Node starts slowly on a loaded machine
+    /// (the whole suite runs beside it). `Err` carries what the server said if it exited first.
+    async fn listening(&mut self, port: u16) -> Result<(), String> {
+        for _ in 0..300 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let said = std::fs::read_to_string(self.stderr.path()).unwrap_or_default();
+                return Err(format!(
+                    "exited ({status}) before listening on {port}: {said}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("nothing listens on {port} after 30 s");
+    }
+}
+
+/// A failed assertion must not leave Node running beside the suite.
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the server on `port`. A port found free can be taken before Node binds it (another
+/// test's outgoing connection picks it from the same ephemeral range): then it tries again,
+/// on a fresh port when `port` is `None`, else on the same one once it is released.
+async fn start_http(entry: &std::path::Path, port: Option<u16>) -> (HttpServer, u16) {
+    let mut said = Vec::new();
+    for _ in 0..5 {
+        let p = port.unwrap_or_else(free_port);
+        let mut server = HttpServer::spawn(entry, p);
+        match server.listening(p).await {
+            Ok(()) => return (server, p),
+            Err(e) => said.push(e),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the upstream server did not start: {said:#?}");
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn an_http_upstream_fails_clearly_when_it_dies_and_recovers_when_it_returns(pool: PgPool) {
     let entry = everything_entry();
-    let port = free_port();
-    let mut server = start_http(&entry, port);
-    wait_port(port, &mut server).await;
+    let (server, port) = start_http(&entry, None).await;
     let app = TestApp::new(pool).await;
     put_upstream(
         &app,
@@ -238,8 +273,7 @@ async fn an_http_upstream_fails_clearly_when_it_dies_and_recovers_when_it_return
         .await;
     assert!(text(&ok.body).contains("hello"), "{}", ok.text);
 
-    server.kill().unwrap();
-    let _ = server.wait();
+    drop(server);
     let dead = app
         .call(&token, "remote__echo", json!({"message": "anyone?"}))
         .await;
@@ -258,8 +292,7 @@ async fn an_http_upstream_fails_clearly_when_it_dies_and_recovers_when_it_return
         others.text
     );
 
-    let mut server = start_http(&entry, port);
-    wait_port(port, &mut server).await;
+    let (server, _) = start_http(&entry, Some(port)).await;
     let mut back = None;
     for _ in 0..120 {
         let r = app
@@ -271,8 +304,7 @@ async fn an_http_upstream_fails_clearly_when_it_dies_and_recovers_when_it_return
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    server.kill().unwrap();
-    let _ = server.wait();
+    drop(server);
     assert!(
         back.is_some(),
         "the gateway did not recover when the upstream came back"
