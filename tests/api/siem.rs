@@ -362,9 +362,24 @@ async fn rollups_count_every_call_once_and_the_dashboard_agent_and_tool_pages_ch
                 .unwrap()
         }
     };
-    // Rows written after the followers' last read wait for the next one; these were before.
     const ALL: &str =
         "FROM audit_rollup_totals WHERE granularity = 'minute' AND agent = '' AND tool = ''";
+    // A follower stops at a batch of 0, which is also what it reads while the other holds the
+    // cursor, or while a transaction older than these rows (another test's, on this server)
+    // is still open: rows are read in commit order, never past one that might yet commit.
+    // So it steps on until the seven calls are counted, or 30 s have passed.
+    for _ in 0..600 {
+        let counted: i64 =
+            sqlx::query_scalar(&format!("SELECT coalesce(sum(calls), 0)::bigint {ALL}"))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if counted >= 7 {
+            break;
+        }
+        rollup::step(&pool).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     assert_eq!(
         counted("SELECT coalesce(sum(calls), 0)::bigint FROM audit_rollup_totals WHERE granularity = 'minute' AND agent = '' AND tool = '' AND outcome = 'success'").await,
         counted("SELECT count(*) FROM audit_events WHERE event_type = 'tool.result' AND outcome = 'success'").await,
