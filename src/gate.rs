@@ -69,10 +69,18 @@ pub enum Refused {
     LimitsUnavailable { retry_after: Duration },
     /// The audit log cannot record the request, so it was not served.
     AuditUnavailable(AuditUnavailable),
+    /// The call needs a person's approval: it waits (or will not run), as the ticket says.
+    Approval {
+        tool: Arc<Tool>,
+        ticket: crate::service::approvals::Ticket,
+    },
+    /// The approval store could not be reached, so the call that needs approval did not run.
+    ApprovalUnavailable,
 }
 
-/// How a call that reached its tool ended.
-#[derive(Debug)]
+/// How a call that reached its tool ended. Serializable: an approved call's outcome is kept
+/// for its caller, who may come back on another instance.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub enum Outcome {
     Script(ScriptOutcome),
     /// The upstream's own result (which may itself be `isError`), or why it gave none.
@@ -145,6 +153,8 @@ pub struct CallDone {
     pub tool: Arc<Tool>,
     pub outcome: Outcome,
     pub latency: Duration,
+    /// The audit call id of the run (none for an outcome given again after approval).
+    pub call_id: Option<String>,
 }
 
 /// A tool the caller may call, admitted by its limits; not yet validated or run.
@@ -443,7 +453,6 @@ impl<'a> Gate<'a> {
         admitted: Admitted,
         args: Result<Value, Vec<String>>,
     ) -> Result<CallDone, Refused> {
-        let started = Instant::now();
         let tool = admitted.tool;
         let name = tool.name.as_str();
         let (redacted, secrets, bytes_in, violations) = match &args {
@@ -509,17 +518,125 @@ impl<'a> Gate<'a> {
             return Err(Refused::InvalidArguments { tool, violations });
         }
         let args = args.unwrap_or_default();
+        if let Some(rule) = self
+            .snapshot
+            .agent(&self.principal.agent)
+            .and_then(|a| a.approval_for(&tool, &args))
+        {
+            return self
+                .approval(
+                    tool.clone(),
+                    rule,
+                    &args,
+                    redacted.as_deref().unwrap_or("{}"),
+                )
+                .await;
+        }
+        self.execute_audited(tool, args, redacted, secrets, bytes_in, None)
+            .await
+    }
+
+    /// A call an approval rule asks about: the caller's request for exactly this call, or the
+    /// outcome of its approved run (given once).
+    async fn approval(
+        &self,
+        tool: Arc<Tool>,
+        rule: &crate::policy::approvals::CompiledApproval,
+        args: &Value,
+        shown: &str,
+    ) -> Result<CallDone, Refused> {
+        use crate::service::approvals::{self, Gatekeeping};
+        match approvals::gatekeep(
+            self.state,
+            self.principal,
+            self.surface,
+            &tool,
+            rule,
+            args,
+            shown,
+        )
+        .await
+        {
+            Ok(Gatekeeping::Ran { outcome, latency }) => {
+                self.metric(outcome.label());
+                Ok(CallDone {
+                    tool,
+                    outcome,
+                    latency,
+                    call_id: None,
+                })
+            }
+            Ok(Gatekeeping::Ticket(ticket)) => {
+                self.metric(if ticket.waiting() {
+                    "approval_pending"
+                } else {
+                    "approval_refused"
+                });
+                Err(Refused::Approval { tool, ticket })
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the approval store is unavailable");
+                self.metric("approval_unavailable");
+                Err(Refused::ApprovalUnavailable)
+            }
+        }
+    }
+
+    /// Runs a call a person approved (`approval`), with the caller's identity this gate was
+    /// opened for; its rows link to the approval.
+    pub async fn run_approved(
+        &self,
+        tool: Arc<Tool>,
+        args: Value,
+        approval: uuid::Uuid,
+    ) -> Result<CallDone, Refused> {
+        let (redacted, secrets) = audit::redact_collect(&args, &tool.audit);
+        let redacted = audit::scrub(
+            &serde_json::to_string(&redacted).unwrap_or_default(),
+            &secrets,
+        );
+        let bytes_in = serde_json::to_vec(&args)
+            .map(|v| v.len() as i64)
+            .unwrap_or(0);
+        self.execute_audited(
+            tool,
+            args,
+            Some(redacted),
+            secrets,
+            Some(bytes_in),
+            Some(approval),
+        )
+        .await
+    }
+
+    /// Audits `started`, runs, audits the result.
+    async fn execute_audited(
+        &self,
+        tool: Arc<Tool>,
+        args: Value,
+        redacted: Option<String>,
+        secrets: Vec<String>,
+        bytes_in: Option<i64>,
+        approval: Option<uuid::Uuid>,
+    ) -> Result<CallDone, Refused> {
+        let started = Instant::now();
+        let name = tool.name.as_str();
+        let linked = |e: &mut AuditEvent| {
+            if let Some(id) = approval {
+                e.details = Some(self.details(serde_json::json!({"approval": id})));
+            }
+        };
         let call_id = uuid::Uuid::now_v7().to_string();
         let mut e = self.tool_event(EventKind::ToolCall, AuditOutcome::Started, name);
         e.call_id = Some(call_id.clone());
         e.arguments = redacted;
         e.bytes_in = bytes_in;
+        linked(&mut e);
         self.span.record("toolgate.call_id", call_id.as_str());
         if let Err(err) = self.commit(e).await {
             self.metric("audit_unavailable");
             return Err(Refused::AuditUnavailable(err));
         }
-
         let ran = Instant::now();
         // The script or upstream continues the trace from the run's own span.
         let run_span = self.execute_span(name);
@@ -533,7 +650,8 @@ impl<'a> Gate<'a> {
         let latency = ran.elapsed();
 
         let mut e = self.tool_event(EventKind::ToolResult, outcome.audit_outcome(), name);
-        e.call_id = Some(call_id);
+        e.call_id = Some(call_id.clone());
+        linked(&mut e);
         e.latency_us = Some(latency.as_micros() as i64);
         e.bytes_in = bytes_in;
         // Whatever the tool says back, on any channel, is scrubbed of the values that were
@@ -589,6 +707,7 @@ impl<'a> Gate<'a> {
             tool,
             outcome,
             latency,
+            call_id: Some(call_id),
         })
     }
 

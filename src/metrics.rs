@@ -48,6 +48,12 @@ pub struct Metrics {
     /// policy: a rule is named only when one refused).
     pub refusals: IntCounterVec,
     pub pool_tools: IntGauge,
+    /// Approval requests by what became of them (`requested`, `granted`, `denied`, `expired`).
+    pub approvals: IntCounterVec,
+    /// Requests waiting for a decision (refreshed every few seconds).
+    pub approvals_pending: IntGauge,
+    /// Time from request to decision.
+    pub approval_decision_seconds: prometheus::Histogram,
     pub pool_load_errors: IntGauge,
     pub zero_match_grants: IntGauge,
     pub agents_without_tools: IntGauge,
@@ -186,8 +192,34 @@ impl Metrics {
             "tools/list requests answered from serialized definitions, before the MCP SDK",
         )
         .unwrap_or_else(|_| unreachable_metric());
+        let approvals = IntCounterVec::new(
+            Opts::new(
+                "approvals_total",
+                "Approval requests by what became of them",
+            ),
+            &["state"],
+        )
+        .unwrap_or_else(|_| unreachable_metric());
+        let approvals_pending = IntGauge::new(
+            "approvals_pending",
+            "Approval requests waiting for a decision",
+        )
+        .unwrap_or_else(|_| unreachable_metric());
+        let approval_decision_seconds = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "approval_decision_seconds",
+                "Time from an approval request to its decision",
+            )
+            .buckets(vec![
+                1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0,
+            ]),
+        )
+        .unwrap_or_else(|_| unreachable_metric());
         for c in [
             Box::new(http_requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(approvals.clone()),
+            Box::new(approvals_pending.clone()),
+            Box::new(approval_decision_seconds.clone()),
             Box::new(http_latency.clone()),
             Box::new(tool_calls.clone()),
             Box::new(calls_by_agent.clone()),
@@ -228,6 +260,9 @@ impl Metrics {
             calls_by_agent,
             refusals,
             pool_tools,
+            approvals,
+            approvals_pending,
+            approval_decision_seconds,
             pool_load_errors,
             zero_match_grants,
             agents_without_tools,

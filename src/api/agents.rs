@@ -23,6 +23,14 @@ pub(super) fn routes() -> Router<AppState> {
             put(put_arguments).delete(delete_arguments),
         )
         .route(
+            "/agents/{name}/approval/{target}",
+            put(put_approval).delete(delete_approval),
+        )
+        .route("/approvals", get(list_approvals))
+        .route("/approvals/{id}", get(get_approval))
+        .route("/approvals/{id}/approve", post(approve))
+        .route("/approvals/{id}/deny", post(deny))
+        .route(
             "/agents/{name}/users/{username}",
             put(put_agent_user).delete(delete_agent_user),
         )
@@ -40,9 +48,13 @@ pub(super) fn routes() -> Router<AppState> {
     summary = "List agents",
     responses((status = 200, body = serde_json::Value, description = "Every agent with its grants, matched tools, problems and limits"))
 )]
-async fn list_agents(State(state): State<AppState>) -> Json<Value> {
+async fn list_agents(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     let snapshot = state.policy.load();
-    Json(json!({"agents": service::agents::summaries(&snapshot)}))
+    let mut agents = service::agents::summaries(&snapshot);
+    for a in agents.iter_mut().filter(|a| !a.approvals.is_empty()) {
+        a.approval_problems = service::approvals::problems(&state, &a.name).await?;
+    }
+    Ok(Json(json!({"agents": agents})))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -90,10 +102,11 @@ async fn get_agent(
     Path(name): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let snapshot = state.policy.load();
-    let summary = service::agents::summaries(&snapshot)
+    let mut summary = service::agents::summaries(&snapshot)
         .into_iter()
         .find(|a| a.name == name)
         .ok_or_else(|| ServiceError::NotFound(format!("agent `{name}`")))?;
+    summary.approval_problems = service::approvals::problems(&state, &name).await?;
     let agent = snapshot
         .agent(&name)
         .ok_or_else(|| ServiceError::NotFound(format!("agent `{name}`")))?;
@@ -296,4 +309,150 @@ async fn set_limits(
 ) -> ApiResult<Json<Value>> {
     service::agents::set_limits(&state, API_ACTOR, &name, body.rate_limits).await?;
     get_limits(State(state), Path(name)).await
+}
+
+/// `PUT /agents/<agent>/approval/<tool-group-or-@destructive>` with
+/// `{"when": {...}, "approvers": [...], "ttl": "1h"}`.
+#[utoipa::path(
+    put,
+    path = "/api/v1/agents/{name}/approval/{target}",
+    tag = "approvals",
+    summary = "Require approval for calls of a tool, a group, or every destructive tool",
+    params(("name" = String, Path, description = "Agent name"), ("target" = String, Path, description = "A group name, an exact tool name, or @destructive")),
+    request_body = serde_json::Value,
+    responses((status = 200, body = serde_json::Value, description = "Set; `problems` lists a rule that never triggers or that nobody can decide"))
+)]
+async fn put_approval(
+    State(state): State<AppState>,
+    Path((name, target)): Path<(String, String)>,
+    Json(body): Json<Value>,
+) -> ApiResult<Json<service::approvals::RuleSet>> {
+    Ok(Json(
+        service::approvals::set_rule(&state, API_ACTOR, &name, &target, &body).await?,
+    ))
+}
+
+#[utoipa::path(
+    delete,
+    path = "/api/v1/agents/{name}/approval/{target}",
+    tag = "approvals",
+    summary = "Remove an approval rule",
+    params(("name" = String, Path, description = "Agent name"), ("target" = String, Path, description = "A group name, an exact tool name, or @destructive")),
+    responses((status = 204, description = "Removed"))
+)]
+async fn delete_approval(
+    State(state): State<AppState>,
+    Path((name, target)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    service::approvals::delete_rule(&state, API_ACTOR, &name, &target).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+struct ApprovalQuery {
+    /// `pending`, `granted`, `denied`, `expired`, `running`, `done` or `failed`.
+    state: Option<String>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/approvals",
+    tag = "approvals",
+    summary = "List approval requests",
+    params(ApprovalQuery),
+    responses((status = 200, body = serde_json::Value, description = "Requests, newest first (at most 500)"))
+)]
+async fn list_approvals(
+    State(state): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<ApprovalQuery>,
+) -> ApiResult<Json<Value>> {
+    let rows = service::approvals::list(&state, q.state.as_deref()).await?;
+    Ok(Json(json!({"approvals": rows})))
+}
+
+fn approval_id(id: &str) -> Result<uuid::Uuid, ServiceError> {
+    uuid::Uuid::parse_str(id).map_err(|_| ServiceError::NotFound(format!("approval {id}")))
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/approvals/{id}",
+    tag = "approvals",
+    summary = "Show an approval request",
+    params(("id" = String, Path, description = "The request's id")),
+    responses((status = 200, body = serde_json::Value, description = "The request, its binding and what became of it"))
+)]
+async fn get_approval(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let row = service::approvals::get(&state, approval_id(&id)?).await?;
+    Ok(Json(json!({"approval": row})))
+}
+
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+struct Decision {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// The body is optional (`{"reason": "..."}`): an empty one decides without a reason.
+async fn decide(
+    state: &AppState,
+    id: &str,
+    approve: bool,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<Value>> {
+    let reason = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        serde_json::from_slice::<Decision>(&body)
+            .map_err(|e| {
+                ServiceError::Invalid(format!("the body must be {{\"reason\": \"...\"}}: {e}"))
+            })?
+            .reason
+    };
+    let row = service::approvals::decide(
+        state,
+        &service::approvals::Decider::AdminToken,
+        approval_id(id)?,
+        approve,
+        reason.as_deref(),
+    )
+    .await?;
+    Ok(Json(json!({"approval": row})))
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/v1/approvals/{id}/approve",
+    tag = "approvals",
+    summary = "Approve a pending request: the call runs once",
+    params(("id" = String, Path, description = "The request's id")),
+    request_body = Decision,
+    responses((status = 200, body = serde_json::Value, description = "Granted"), (status = 409, description = "Not pending any more"))
+)]
+async fn approve(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<Value>> {
+    decide(&state, &id, true, body).await
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/v1/approvals/{id}/deny",
+    tag = "approvals",
+    summary = "Deny a pending request: the call never runs",
+    params(("id" = String, Path, description = "The request's id")),
+    request_body = Decision,
+    responses((status = 200, body = serde_json::Value, description = "Denied"), (status = 409, description = "Not pending any more"))
+)]
+async fn deny(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<Value>> {
+    decide(&state, &id, false, body).await
 }

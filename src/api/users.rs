@@ -16,6 +16,7 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/users", get(list_users).post(create_user))
         .route("/users/{username}", get(get_user).delete(delete_user))
         .route("/users/{username}/role", put(set_user_role))
+        .route("/users/{username}/approver-sets", put(set_approver_sets))
         .route("/users/{username}/disable", post(disable_user))
         .route("/users/{username}/enable", post(enable_user))
         .route(
@@ -140,6 +141,31 @@ async fn set_user_role(
     Json(body): Json<RoleBody>,
 ) -> ApiResult<Json<Value>> {
     crate::service::accounts::set_role(&state, API_ACTOR, &username, &body.role).await?;
+    get_user(State(state), Path(username)).await
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct ApproverSetsBody {
+    /// The approver sets this person belongs to (`finance`, `release-managers`), beside their
+    /// role; an approval rule's `approvers` names roles or sets.
+    sets: Vec<String>,
+}
+
+#[utoipa::path(
+    put,
+    path = "/api/v1/users/{username}/approver-sets",
+    tag = "users",
+    summary = "Set the approver sets a person belongs to",
+    params(("username" = String, Path, description = "Username of a person")),
+    request_body = ApproverSetsBody,
+    responses((status = 200, body = serde_json::Value, description = "The person"))
+)]
+async fn set_approver_sets(
+    State(state): State<AppState>,
+    Path(username): Path<String>,
+    Json(body): Json<ApproverSetsBody>,
+) -> ApiResult<Json<Value>> {
+    crate::service::approvals::set_approver_sets(&state, API_ACTOR, &username, &body.sets).await?;
     get_user(State(state), Path(username)).await
 }
 

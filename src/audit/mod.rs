@@ -267,6 +267,13 @@ text_enum! {
         ToolDefinitionApproved = "tool.definition_approved",
         /// An admin rejected a definition: it stays held.
         ToolDefinitionRejected = "tool.definition_rejected",
+        /// A call needs a person's approval: the binding's digests, the rule that asked.
+        ApprovalRequested = "approval.requested",
+        /// A person (or the operator's admin token) approved a request.
+        ApprovalGranted = "approval.granted",
+        ApprovalDenied = "approval.denied",
+        /// A request nobody decided within its rule's `ttl`.
+        ApprovalExpired = "approval.expired",
     }
 }
 
@@ -282,6 +289,7 @@ text_enum! {
         AdminUserPasswordResetLink = "admin_user.password_reset_link",
         AdminUserPasswordSet = "admin_user.password_set",
         AdminUserRole = "admin_user.role",
+        AdminUserApproverSets = "admin_user.approver_sets",
         AgentCreate = "agent.create",
         AgentDelete = "agent.delete",
         AgentUpdate = "agent.update",
@@ -289,6 +297,8 @@ text_enum! {
         AgentUserRemove = "agent.user.remove",
         ArgumentsDelete = "arguments.delete",
         ArgumentsSet = "arguments.set",
+        ApprovalRuleDelete = "approval_rule.delete",
+        ApprovalRuleSet = "approval_rule.set",
         AuthorizationCreate = "authorization.create",
         AuthorizationRevoke = "authorization.revoke",
         ClientCreate = "client.create",

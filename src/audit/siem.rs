@@ -89,7 +89,14 @@ impl Severity {
 
 pub fn category(r: &ChainedEvent) -> Category {
     match EventKind::parse(&r.event.event_type) {
-        Some(EventKind::ToolCall | EventKind::ToolResult) => Category::Tool,
+        Some(
+            EventKind::ToolCall
+            | EventKind::ToolResult
+            | EventKind::ApprovalRequested
+            | EventKind::ApprovalGranted
+            | EventKind::ApprovalDenied
+            | EventKind::ApprovalExpired,
+        ) => Category::Tool,
         Some(
             EventKind::Initialize
             | EventKind::ToolsList
@@ -267,6 +274,12 @@ fn ocsf_class(r: &ChainedEvent) -> (u32, u32, u32, &'static str) {
         Some(EventKind::ToolDefinitionChanged) => (ENTITY.0, ENTITY.1, 3, "Update"),
         Some(EventKind::ToolDefinitionApproved) => (ENTITY.0, ENTITY.1, 10, "Activate"),
         Some(EventKind::ToolDefinitionRejected) => (ENTITY.0, ENTITY.1, 11, "Deactivate"),
+        // A request for approval is an entity (the pending request) created, then decided:
+        // OCSF 1.8.0 has no approval activity, so the decisions are "Other", named.
+        Some(EventKind::ApprovalRequested) => (ENTITY.0, ENTITY.1, 1, "Create"),
+        Some(EventKind::ApprovalGranted) => (ENTITY.0, ENTITY.1, 99, "Approve"),
+        Some(EventKind::ApprovalDenied) => (ENTITY.0, ENTITY.1, 99, "Deny"),
+        Some(EventKind::ApprovalExpired) => (ENTITY.0, ENTITY.1, 99, "Expire"),
         Some(EventKind::AdminChange) | None => {
             let a = action().unwrap_or_default();
             let verb = a.rsplit('.').next().unwrap_or_default();

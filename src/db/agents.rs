@@ -257,6 +257,7 @@ pub(super) async fn records(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRe
     let mut grants = super::grants::by_agent(&mut *conn).await?;
     let mut limits = super::limits::by_agent(&mut *conn).await?;
     let mut arguments = super::arguments::by_agent(&mut *conn).await?;
+    let mut approvals = super::approval_rules::by_agent(&mut *conn).await?;
     let mut users = super::agent_users::agent_users(&mut *conn).await?;
     let rows = sqlx::query!(
         "SELECT id, name, description, notes, discovery, pinned, managed_by FROM agents ORDER BY name"
@@ -278,6 +279,7 @@ pub(super) async fn records(conn: &mut PgConnection) -> sqlx::Result<Vec<AgentRe
                 grants: grants.remove(&id).unwrap_or_default(),
                 limits: limits.remove(&id).unwrap_or_default(),
                 arguments: arguments.remove(&id).unwrap_or_default(),
+                approvals: approvals.remove(&id).unwrap_or_default(),
                 users: users.remove(&id).unwrap_or_default(),
             }
         })

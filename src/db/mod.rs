@@ -5,6 +5,8 @@
 pub mod accounts;
 pub mod agent_users;
 pub mod agents;
+pub mod approval_rules;
+pub mod approvals;
 pub mod arguments;
 pub mod assertions;
 pub mod audit;

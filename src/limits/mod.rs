@@ -685,6 +685,7 @@ mod tests {
                 grants: vec![],
                 limits,
                 arguments: vec![],
+                approvals: vec![],
                 users: vec![],
             },
             grants: vec![],
@@ -692,6 +693,7 @@ mod tests {
             visible: vec![],
             narrowed: Default::default(),
             argument_problems: vec![],
+            approvals: vec![],
         }
     }
 

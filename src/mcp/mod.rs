@@ -139,8 +139,28 @@ fn rate_limited_call(retry_after: std::time::Duration) -> CallToolResponse {
     result.into()
 }
 
+/// A call that waits for approval, or that a person refused: a tool error the model reads
+/// (the call did not run), with the request in `_meta` for clients that act on it.
+fn approval_call(tool: &str, ticket: &crate::service::approvals::Ticket) -> CallToolResponse {
+    let mut result = CallToolResult::error(vec![ContentBlock::text(ticket.message(tool))]);
+    let mut meta = serde_json::Map::new();
+    meta.insert(
+        "io.toolgate/approval".into(),
+        json!({"id": ticket.id, "status": ticket.status, "expires_at": ticket.expires_at, "reason": ticket.reason}),
+    );
+    result.meta = Some(rmcp::model::MetaObject(meta));
+    result.into()
+}
+
 fn refused(r: Refused) -> McpError {
     match r {
+        Refused::Approval { tool, ticket } => {
+            McpError::invalid_request(ticket.message(tool.name.as_str()), None)
+        }
+        Refused::ApprovalUnavailable => McpError::internal_error(
+            "the approval store is unavailable, so the call that needs approval did not run; retry shortly",
+            None,
+        ),
         Refused::RateLimited { retry_after, .. } => rate_limited(retry_after),
         Refused::AuditUnavailable(_) => audit_unavailable(),
         Refused::LimitsUnavailable { retry_after } => {
@@ -481,6 +501,7 @@ async fn call(
             Ok(tool_error(text))
         }
         Err(Refused::RateLimited { retry_after, .. }) => Ok(rate_limited_call(retry_after)),
+        Err(Refused::Approval { tool, ticket }) => Ok(approval_call(tool.name.as_str(), &ticket)),
         Err(r) => Err(refused(r)),
         Ok(done) => Ok(done.outcome.into_mcp_result().into()),
     }

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use super::GrantTarget;
+use super::approvals::{self, ApprovalRule};
 use super::arguments::{self, ArgumentRules};
 use super::snapshot::{AgentRecord, Discovery, Managed, RateLimitRecord};
 use super::style;
@@ -41,6 +42,10 @@ pub struct FrontMatter {
     /// Argument rules per tool or group: `arguments: {weather__forecast: {days: {maximum: 3}}}`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub arguments: BTreeMap<String, serde_json::Value>,
+    /// Calls that wait for a person, per tool, group or `@destructive`:
+    /// `approval: {payments__transfer: {when: {amount: {exclusiveMinimum: 1000}}, approvers: [finance], ttl: 1h}}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub approval: BTreeMap<String, serde_json::Value>,
     /// People who may act as this agent through an interactive host: `users: [alice, bob]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<String>,
@@ -100,6 +105,15 @@ impl AgentFile {
                     params: arguments::parse_params(params).ok()?,
                 })
             })
+            .collect()
+    }
+
+    /// The approval rules, checked; one that [`validate`] reports is left out.
+    pub fn approval_rules(&self) -> Vec<ApprovalRule> {
+        self.front
+            .approval
+            .iter()
+            .filter_map(|(target, rule)| approvals::parse(target, rule).ok())
             .collect()
     }
 
@@ -437,6 +451,14 @@ pub fn validate(policies: &PolicyDir) -> Vec<Problem> {
                 ));
             }
         }
+        for (target, rule) in &agent.front.approval {
+            if let Err(e) = approvals::parse(target, rule) {
+                problems.push(at(
+                    agent.line_of(target.trim()),
+                    format!("approval of `{target}`: {e}"),
+                ));
+            }
+        }
         for (target, params) in &agent.front.arguments {
             let line = agent.line_of(target.trim());
             if let Err(e) = GrantTarget::parse(target) {
@@ -547,8 +569,9 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
             });
         }
         let rules = agent.argument_rules();
+        let approval_rules = agent.approval_rules();
         // Only agents with rules need their tools here; found by name, not by a pool scan.
-        let visible: Vec<_> = if rules.is_empty() {
+        let visible: Vec<_> = if rules.is_empty() && approval_rules.is_empty() {
             Vec::new()
         } else {
             targets
@@ -576,6 +599,15 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
                 file: agent.file.clone(),
                 line,
                 message,
+            });
+        }
+        // Who is an approver lives in the database, not the folder: checked by the API and
+        // the admin UI, which read the accounts.
+        for p in approvals::problems(&approval_rules, &visible, None) {
+            problems.push(Problem {
+                file: agent.file.clone(),
+                line: agent.line_of(&p.target),
+                message: p.message,
             });
         }
         for pin in &agent.front.pinned {
@@ -649,6 +681,14 @@ pub enum Change {
         rules: ArgumentRules,
     },
     DeleteArguments {
+        agent: String,
+        target: String,
+    },
+    SetApproval {
+        agent: String,
+        rule: ApprovalRule,
+    },
+    DeleteApproval {
         agent: String,
         target: String,
     },
@@ -735,6 +775,15 @@ impl fmt::Display for Change {
             ),
             Change::DeleteArguments { agent, target } => {
                 write!(f, "- argument rules {agent} -> {target}")
+            }
+            Change::SetApproval { agent, rule } => write!(
+                f,
+                "~ approval {agent} -> {}: {}",
+                rule.target,
+                rule.to_value()
+            ),
+            Change::DeleteApproval { agent, target } => {
+                write!(f, "- approval {agent} -> {target}")
             }
             Change::SetGroup {
                 before: None,
@@ -826,6 +875,12 @@ pub fn plan(
                         rules,
                     });
                 }
+                for rule in file.approval_rules() {
+                    changes.push(Change::SetApproval {
+                        agent: file.name.clone(),
+                        rule,
+                    });
+                }
                 if !file.front.users.is_empty() {
                     changes.push(Change::SetUsers {
                         agent: file.name.clone(),
@@ -880,6 +935,23 @@ pub fn plan(
                 for have in &record.arguments {
                     if !wanted_rules.iter().any(|w| w.target == have.target) {
                         changes.push(Change::DeleteArguments {
+                            agent: file.name.clone(),
+                            target: have.target.clone(),
+                        });
+                    }
+                }
+                let wanted_approvals = file.approval_rules();
+                for rule in &wanted_approvals {
+                    if !record.approvals.contains(rule) {
+                        changes.push(Change::SetApproval {
+                            agent: file.name.clone(),
+                            rule: rule.clone(),
+                        });
+                    }
+                }
+                for have in &record.approvals {
+                    if !wanted_approvals.iter().any(|w| w.target == have.target) {
+                        changes.push(Change::DeleteApproval {
                             agent: file.name.clone(),
                             target: have.target.clone(),
                         });
@@ -1299,6 +1371,12 @@ pub async fn apply_dir(
                 Change::DeleteArguments { agent, target } => {
                     db::arguments::delete_argument_rules(&mut tx, actor, agent, target).await?;
                 }
+                Change::SetApproval { agent, rule } => {
+                    db::approval_rules::set_approval_rule(&mut tx, actor, agent, rule).await?;
+                }
+                Change::DeleteApproval { agent, target } => {
+                    db::approval_rules::delete_approval_rule(&mut tx, actor, agent, target).await?;
+                }
                 Change::SetGroup { before, after } => {
                     db::groups::upsert_group(&mut tx, actor, before.as_ref(), after).await?
                 }
@@ -1391,6 +1469,11 @@ pub async fn export(pool: &PgPool, dir: &Path) -> anyhow::Result<usize> {
                 .arguments
                 .iter()
                 .map(|r| (r.target.clone(), serde_json::json!(r.params)))
+                .collect(),
+            approval: a
+                .approvals
+                .iter()
+                .map(|r| (r.target.clone(), r.to_value()))
                 .collect(),
             users: a.users.clone(),
             managed: a.managed,

@@ -1,6 +1,7 @@
 //! Who may see and call what: grants, the one decision function, zero-match analysis and the
 //! per-instance snapshot the hot path reads.
 
+pub mod approvals;
 pub mod arguments;
 pub mod files;
 pub mod snapshot;

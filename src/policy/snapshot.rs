@@ -158,6 +158,8 @@ pub struct AgentRecord {
     pub limits: Vec<RateLimitRecord>,
     /// Argument rules, per tool or group.
     pub arguments: Vec<ArgumentRules>,
+    /// Approval rules, per tool, group or `@destructive`.
+    pub approvals: Vec<super::approvals::ApprovalRule>,
     /// People who may act as this agent through an interactive host, by username.
     pub users: Vec<String>,
 }
@@ -236,9 +238,11 @@ impl Parts {
             // Clients and authorizations name their agent: an agent renamed or deleted
             // changes them too.
             "agents" => Parts::AGENTS | Parts::CLIENTS | Parts::AUTHORIZATIONS,
-            "agent_grants" | "rate_limits" | "agent_argument_rules" | "agent_users" => {
-                Parts::AGENTS
-            }
+            "agent_grants"
+            | "rate_limits"
+            | "agent_argument_rules"
+            | "agent_approval_rules"
+            | "agent_users" => Parts::AGENTS,
             // Deleting a client deletes its authorizations.
             "oauth_clients" => Parts::CLIENTS | Parts::AUTHORIZATIONS,
             "revoked_tokens" => Parts::REVOKED,
@@ -319,12 +323,23 @@ pub struct AgentView {
     pub(crate) narrowed: HashMap<String, Arc<Tool>>,
     /// Argument rules that cannot do what their author meant.
     pub argument_problems: Vec<RuleProblem>,
+    /// Approval rules, compiled for the core path.
+    pub approvals: Vec<super::approvals::CompiledApproval>,
 }
 
 impl AgentView {
     /// Grants that match nothing: the silent typo this product exists to make loud.
     pub fn zero_match_grants(&self) -> impl Iterator<Item = &GrantMatch> {
         self.grant_matches.iter().filter(|g| g.matched_tools == 0)
+    }
+
+    /// The first approval rule that asks for a call of `tool` with `args`, if any.
+    pub fn approval_for(
+        &self,
+        tool: &Tool,
+        args: &serde_json::Value,
+    ) -> Option<&super::approvals::CompiledApproval> {
+        self.approvals.iter().find(|r| r.asks(tool, args))
     }
 }
 
@@ -463,6 +478,12 @@ impl PolicySnapshot {
                         visible,
                         narrowed: analysis.narrowed,
                         argument_problems: analysis.problems,
+                        approvals: a
+                            .approvals
+                            .iter()
+                            .cloned()
+                            .map(super::approvals::CompiledApproval::new)
+                            .collect(),
                     }),
                 )
             })
@@ -828,6 +849,7 @@ mod incremental {
                 .collect(),
             limits: Vec::new(),
             arguments: Vec::new(),
+            approvals: Vec::new(),
             users: Vec::new(),
         }
     }
@@ -931,6 +953,7 @@ mod scale {
                     }],
                     limits: Vec::new(),
                     arguments: Vec::new(),
+                    approvals: Vec::new(),
                     users: Vec::new(),
                 })
                 .collect(),

@@ -33,7 +33,7 @@ impl Default for OutputLimits {
 const BASE_ENV: [&str; 4] = ["PATH", "HOME", "LANG", "TZ"];
 
 /// How a script run ended.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum ScriptOutcome {
     /// Exit 0 and JSON on stdout.
     Success { output: Value, stdout_bytes: usize },

@@ -26,6 +26,7 @@ pub fn router(state: AppState) -> Router<AppState> {
     Router::new()
         .route("/tools/{*path}", any(call_operation))
         .route("/openapi.json", get(openapi))
+        .route("/approvals/{id}", get(approval_status))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::http::require_agent,
@@ -155,10 +156,77 @@ async fn call_operation(
             )
         }
         Err(r) => refused(r),
-        Ok(done) => match done.outcome {
-            gate::Outcome::Script(o) => outcome_response(o),
-            gate::Outcome::Upstream(r) => upstream_response(r),
+        Ok(done) => call_response(done.outcome),
+    }
+}
+
+/// A call's own answer: what its tool said.
+fn call_response(outcome: gate::Outcome) -> Response {
+    match outcome {
+        gate::Outcome::Script(o) => outcome_response(o),
+        gate::Outcome::Upstream(r) => upstream_response(r),
+    }
+}
+
+/// Where a call that needs approval stands: `202` with a status URL while it waits, the
+/// refusal once a person denied it or it expired.
+fn approval_response(tool: &str, ticket: &crate::service::approvals::Ticket) -> Response {
+    let status_url = format!("/approvals/{}", ticket.id);
+    let body = json!({
+        "approval": ticket.id,
+        "status": ticket.status,
+        "status_url": status_url,
+        "expires_at": ticket.expires_at,
+        "reason": ticket.reason,
+        "message": ticket.message(tool),
+    });
+    let status = match ticket.status.as_str() {
+        "pending" | "granted" | "running" => StatusCode::ACCEPTED,
+        "denied" => StatusCode::FORBIDDEN,
+        "expired" => StatusCode::GONE,
+        _ => StatusCode::CONFLICT,
+    };
+    let mut r = (status, Json(body)).into_response();
+    if status == StatusCode::ACCEPTED
+        && let Ok(v) = status_url.parse()
+    {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    r
+}
+
+/// `GET /approvals/<id>`: the status URL of a call that waits, for its own caller only (any
+/// other reads a 404, as for a request that does not exist). Once the call ran, its answer.
+async fn approval_status(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let Ok(id) = uuid::Uuid::parse_str(&id) else {
+        return not_found();
+    };
+    match crate::service::approvals::for_caller(&state, &principal, id).await {
+        Ok(None) => not_found(),
+        Ok(Some(row)) => match crate::service::approvals::outcome_of(&row) {
+            Some(outcome) if row.state == "done" => call_response(outcome),
+            _ => approval_response(
+                &row.tool,
+                &crate::service::approvals::Ticket {
+                    id: row.id,
+                    status: row.state.clone(),
+                    reason: row.reason.clone(),
+                    expires_at: row.expires_at,
+                    created: false,
+                },
+            ),
         },
+        Err(e) => {
+            tracing::error!(error = %e, "reading an approval failed");
+            problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "the approval store is unavailable; retry shortly"}),
+            )
+        }
     }
 }
 
@@ -172,6 +240,13 @@ fn retry_figures(wait: Duration) -> (u64, u64) {
 /// The answer to a request the gate refused.
 fn refused(r: Refused) -> Response {
     match r {
+        Refused::Approval { tool, ticket } => approval_response(tool.name.as_str(), &ticket),
+        Refused::ApprovalUnavailable => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1".to_owned())],
+            Json(json!({"error": "the approval store is unavailable, so the call that needs approval did not run; retry shortly"})),
+        )
+            .into_response(),
         Refused::UnknownTool(_) => not_found(),
         Refused::RateLimited {
             retry_after,

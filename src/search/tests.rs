@@ -35,6 +35,7 @@ fn agent(name: &str, grants: &[String], discovery: Discovery, pinned: &[&str]) -
             .collect(),
         limits: Vec::new(),
         arguments: Vec::new(),
+        approvals: Vec::new(),
         users: Vec::new(),
     }
 }

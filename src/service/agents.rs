@@ -31,6 +31,11 @@ pub struct AgentSummary {
     pub arguments: Vec<ArgumentRules>,
     /// Argument rules that cannot do what their author meant.
     pub problems: Vec<RuleProblem>,
+    /// Which calls wait for a person.
+    pub approvals: Vec<crate::policy::approvals::ApprovalRule>,
+    /// Approval rules that never trigger, or that nobody can decide (the latter only where
+    /// the accounts were read: [`crate::service::approvals::problems`]).
+    pub approval_problems: Vec<crate::policy::approvals::ApprovalProblem>,
 }
 
 pub fn summaries(snapshot: &PolicySnapshot) -> Vec<AgentSummary> {
@@ -50,6 +55,12 @@ pub fn summaries(snapshot: &PolicySnapshot) -> Vec<AgentSummary> {
             rate_limits: a.record.limits.clone(),
             arguments: a.record.arguments.clone(),
             problems: a.argument_problems.clone(),
+            approvals: a.record.approvals.clone(),
+            approval_problems: crate::policy::approvals::problems(
+                &a.record.approvals,
+                &a.visible,
+                None,
+            ),
         })
         .collect()
 }

@@ -9,6 +9,7 @@
 
 pub mod accounts;
 pub mod agents;
+pub mod approvals;
 pub mod arguments;
 pub mod audit_access;
 pub mod authorizations;

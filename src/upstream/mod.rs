@@ -238,7 +238,7 @@ pub struct Upstreams {
 }
 
 /// Why a proxied call failed before the upstream answered.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum UpstreamError {
     #[error("upstream `{0}` is not connected")]
     Down(String),

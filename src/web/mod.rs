@@ -9,6 +9,7 @@
 pub mod accounts;
 mod activity;
 mod agents;
+mod approvals;
 mod arguments;
 mod audit;
 mod auth;
@@ -130,6 +131,11 @@ pub fn router<S>(app: AppState, config: Config) -> Router<S> {
         .route("/tools/pending", get(pins::index))
         .route("/tools/pending/approve", axum::routing::post(pins::approve))
         .route("/tools/pending/reject", axum::routing::post(pins::reject))
+        .route("/approvals", get(approvals::index))
+        .route(
+            "/approvals/{id}/decide",
+            axum::routing::post(approvals::decide),
+        )
         .route("/limits", get(limits::index))
         .route("/audit", get(audit::index))
         .route("/audit/export", get(audit::export))

@@ -23,18 +23,23 @@ pub const SESSION_COOKIE: &str = "toolgate_session";
 pub const LOGIN_COOKIE: &str = "toolgate_login";
 pub const FLASH_COOKIE: &str = "toolgate_flash";
 /// Routes any signed-in user may post to.
-const EVERY_ROLE_POSTS: [&str; 3] = [
+const EVERY_ROLE_POSTS: [&str; 4] = [
     "/admin/logout",
     "/admin/consent",
     "/admin/authorizations/{id}/revoke",
+    // An approver may hold any role: the service checks that they are one of the request's.
+    "/admin/approvals/{id}/decide",
 ];
-/// Admin pages a `member` may see: signing out, letting a host act for them (consent), and
+/// Admin pages a `member` may see: signing out, letting a host act for them (consent), the
+/// approvals inbox (an approver may be a member), and
 /// their own host authorizations.
-const MEMBER_PAGES: [&str; 4] = [
+const MEMBER_PAGES: [&str; 6] = [
     "/admin/logout",
     "/admin/consent",
     "/admin/authorizations",
     "/admin/authorizations/{id}/revoke",
+    "/admin/approvals",
+    "/admin/approvals/{id}/decide",
 ];
 /// Largest form body a protected page accepts.
 const MAX_FORM_BYTES: usize = 256 * 1024;

@@ -25,6 +25,7 @@ pub enum Nav {
     Audit,
     Accounts,
     Hosts,
+    Approvals,
 }
 
 /// One link of the navigation bar.
@@ -118,6 +119,7 @@ impl Ctx {
             (Nav::Grants, "/admin/grants", "Grants"),
             (Nav::Tools, "/admin/tools", "Tool catalog"),
             (Nav::Limits, "/admin/limits", "Rate limits"),
+            (Nav::Approvals, "/admin/approvals", "Approvals"),
             (Nav::Audit, "/admin/audit", "Audit log"),
             (Nav::Accounts, "/admin/accounts", "Accounts"),
             (Nav::Hosts, "/admin/hosts", "Host applications"),

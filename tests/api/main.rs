@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod accounts;
+mod approvals;
 mod apps;
 mod arguments;
 mod audit;

@@ -37,6 +37,18 @@ impl<'a> Browser<'a> {
         b
     }
 
+    /// Signs in as an account that already exists.
+    pub(crate) async fn signed_in_existing(
+        app: &'a TestApp,
+        username: &str,
+        password: &str,
+    ) -> Self {
+        let mut b = Self::new(app);
+        let r = b.login(username, password).await;
+        assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+        b
+    }
+
     pub(crate) async fn login(&mut self, username: &str, password: &str) -> Reply {
         let form = self.get("/admin/login").await;
         assert_eq!(form.status, StatusCode::OK, "{}", form.text);

@@ -1,0 +1,621 @@
+//! Approvals: a call a rule asks about waits for a person, and runs once they agree.
+//!
+//! A request is bound to exactly one call (agent, person, client, tool, the SHA-256 of the
+//! canonical arguments, of the tool definition and of the rule that asked). Once granted, the
+//! instance that recorded the decision runs the call itself, through the core path, and keeps
+//! its outcome: a caller that polls (a REST status URL) reads it there, a caller that retries
+//! the identical call is given it once. Whoever comes first, the call runs exactly once:
+//! running takes the request from `granted` to `running` in one `UPDATE`, which one
+//! transaction wins.
+//!
+//! Separation of duties: nobody decides a request made under their own identity (the person
+//! a host token acts for, or an account among the agent's people), and only accounts whose
+//! role or approver sets the rule names decide at all. The operator's admin token may decide:
+//! it is not a person.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::{Result, ServiceError};
+use crate::audit::{AuditEvent, EventKind, Outcome as AuditOutcome};
+use crate::db;
+use crate::db::approvals::{ApprovalRow, Binding, NewRequest};
+use crate::gate::{self, Gate, Surface};
+use crate::policy::approvals::CompiledApproval;
+use crate::policy::snapshot::Principal;
+use crate::policy::{GrantTarget, TokenScope};
+use crate::pool::Tool;
+use crate::state::AppState;
+
+/// Where a call that needs approval stands, as its caller is told.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ticket {
+    pub id: Uuid,
+    /// `pending`, `granted`, `running`, `denied`, `expired`, `failed`.
+    pub status: String,
+    pub reason: Option<String>,
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+    /// Whether this call created the request (rather than finding it).
+    #[serde(skip)]
+    pub created: bool,
+}
+
+impl Ticket {
+    fn of(row: &ApprovalRow, created: bool) -> Self {
+        Self {
+            id: row.id,
+            status: row.state.clone(),
+            reason: row.reason.clone(),
+            expires_at: row.expires_at,
+            created,
+        }
+    }
+
+    /// Whether the call may still run under this request.
+    pub fn waiting(&self) -> bool {
+        matches!(self.status.as_str(), "pending" | "granted" | "running")
+    }
+
+    /// What the caller reads.
+    pub fn message(&self, tool: &str) -> String {
+        match self.status.as_str() {
+            "pending" => format!(
+                "waiting for approval {}: `{tool}` needs a person to approve this exact call. Call again with the same arguments once approved (until {}).",
+                self.id,
+                self.expires_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+            "granted" | "running" => format!(
+                "approval {} was granted and the call is running; call again with the same arguments for its result.",
+                self.id
+            ),
+            "denied" => format!(
+                "approval {} was denied{}; the call did not run.",
+                self.id,
+                self.reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            ),
+            "expired" => format!(
+                "approval {} expired before anyone decided; the call did not run.",
+                self.id
+            ),
+            _ => format!(
+                "approval {} was granted but the call could not run{}.",
+                self.id,
+                self.reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            ),
+        }
+    }
+}
+
+/// What the gate does with a call a rule asks about.
+pub enum Gatekeeping {
+    /// Wait (or tell the caller why it will not run).
+    Ticket(Ticket),
+    /// The approved call already ran: its outcome, given to this caller once.
+    Ran {
+        outcome: gate::Outcome,
+        latency: Duration,
+    },
+}
+
+/// The SHA-256 of the canonical form of `args`: the same call hashes the same whatever the
+/// order its client wrote the keys in.
+pub fn arguments_sha256(args: &Value) -> String {
+    let text = serde_json::to_string(&crate::pool::definition::canonical(args)).unwrap_or_default();
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+fn scope_value(scope: &TokenScope) -> Value {
+    match scope {
+        TokenScope::AllGranted => json!("all"),
+        TokenScope::Only(t) => json!(t.iter().map(|g| g.to_string()).collect::<Vec<_>>()),
+    }
+}
+
+fn scope_of(v: &Value) -> TokenScope {
+    match v {
+        Value::Array(items) => TokenScope::Only(
+            items
+                .iter()
+                .filter_map(|i| i.as_str().and_then(|s| GrantTarget::parse(s).ok()))
+                .collect(),
+        ),
+        _ => TokenScope::AllGranted,
+    }
+}
+
+/// The core path's question: a call of `tool` with `args` that `rule` asks about. Finds this
+/// caller's request for exactly this call, or records a new one; gives the outcome of an
+/// approved run once. `shown`: the arguments as the audit log keeps them (redacted), which is
+/// what approvers read.
+pub async fn gatekeep(
+    state: &AppState,
+    principal: &Principal,
+    surface: Surface,
+    tool: &Tool,
+    rule: &CompiledApproval,
+    args: &Value,
+    shown: &str,
+) -> Result<Gatekeeping> {
+    let binding = Binding {
+        agent: principal.agent.clone(),
+        person: principal.person.clone(),
+        client_id: principal.client_id.clone(),
+        tool: tool.name.to_string(),
+        arguments_sha256: arguments_sha256(args),
+        definition_sha256: tool.content_hash.hex(),
+        rule_sha256: rule.sha256.clone(),
+    };
+    // One connection at a time, each given back before the next is taken: a burst of
+    // retries must not hold the pool while waiting for it.
+    let found = {
+        let mut conn = state.db.acquire().await?;
+        db::approvals::open_for(&mut conn, &binding).await?
+    };
+    if let Some(mut row) = found {
+        if row.state == "pending" && row.expires_at <= chrono::Utc::now() {
+            expire_due(state).await?;
+            let mut conn = state.db.acquire().await?;
+            row = db::approvals::get(&mut conn, row.id).await?.unwrap_or(row);
+        }
+        match row.state.as_str() {
+            "pending" | "granted" | "running" => {
+                return Ok(Gatekeeping::Ticket(Ticket::of(&row, false)));
+            }
+            _ => {
+                // Given once: a racing identical retry that loses goes on to a new request.
+                let delivered = {
+                    let mut conn = state.db.acquire().await?;
+                    db::approvals::deliver(&mut conn, row.id).await?
+                };
+                if delivered {
+                    if row.state == "done"
+                        && let Some(stored) = &row.outcome
+                        && let Ok(outcome) = serde_json::from_value(stored["outcome"].clone())
+                    {
+                        let latency =
+                            Duration::from_micros(stored["latency_us"].as_u64().unwrap_or(0));
+                        return Ok(Gatekeeping::Ran { outcome, latency });
+                    }
+                    return Ok(Gatekeeping::Ticket(Ticket::of(&row, false)));
+                }
+            }
+        }
+    }
+    let ttl = chrono::Duration::from_std(rule.rule.ttl).unwrap_or(chrono::Duration::hours(1));
+    let new = NewRequest {
+        id: Uuid::now_v7(),
+        binding,
+        jti: principal.jti,
+        scope: scope_value(&principal.scope),
+        surface: surface.as_str().to_owned(),
+        rule_target: rule.rule.target.clone(),
+        approvers: rule.rule.approvers.clone(),
+        arguments: args.clone(),
+        shown_arguments: shown.to_owned(),
+        expires_at: chrono::Utc::now() + ttl,
+    };
+    let mut tx = state.db.begin().await?;
+    let row = db::approvals::insert(&mut tx, &new).await?;
+    let mut e = event(EventKind::ApprovalRequested, AuditOutcome::Success, &row);
+    e.arguments = Some(shown.to_owned());
+    e.details = Some(
+        json!({
+            "approval": row.id,
+            "rule": row.rule_target,
+            "approvers": row.approvers,
+            "arguments_sha256": row.arguments_sha256,
+            "definition_sha256": row.definition_sha256,
+            "rule_sha256": row.rule_sha256,
+            "expires_at": row.expires_at,
+            "surface": row.surface,
+        })
+        .to_string(),
+    );
+    db::record_changes(&mut tx, vec![e]).await?;
+    tx.commit().await?;
+    state
+        .metrics
+        .approvals
+        .with_label_values(&["requested"])
+        .inc();
+    Ok(Gatekeeping::Ticket(Ticket::of(&row, true)))
+}
+
+/// An approval event about `row`, as the caller's: agent, person, client, tool.
+fn event(kind: EventKind, outcome: AuditOutcome, row: &ApprovalRow) -> AuditEvent {
+    let mut e = AuditEvent::new(kind, outcome);
+    e.agent = Some(row.agent.clone());
+    e.person = row.person.clone();
+    e.client_id = Some(row.client_id.clone());
+    e.jti = row.jti.map(|j| j.to_string());
+    e.tool = Some(row.tool.clone());
+    e.resource = Some(format!("approval:{}", row.id));
+    e
+}
+
+/// Who decides.
+#[derive(Debug, Clone)]
+pub enum Decider {
+    /// The operator's admin token: not a person, so separation of duties does not bind it.
+    AdminToken,
+    /// A signed-in account.
+    Account(String),
+}
+
+impl Decider {
+    fn name(&self) -> String {
+        match self {
+            Decider::AdminToken => "admin-token".to_owned(),
+            Decider::Account(u) => u.clone(),
+        }
+    }
+}
+
+/// Whether `decider` may decide `row`: refused with the reason otherwise.
+async fn may_decide(state: &AppState, decider: &Decider, row: &ApprovalRow) -> Result<()> {
+    let Decider::Account(user) = decider else {
+        return Ok(());
+    };
+    let mut conn = state.db.acquire().await?;
+    let Some((role, sets)) = db::approvals::approver(&mut conn, user).await? else {
+        return Err(ServiceError::Invalid(format!(
+            "account `{user}` cannot approve"
+        )));
+    };
+    if !row.approvers.iter().any(|a| *a == role || sets.contains(a)) {
+        return Err(ServiceError::Invalid(format!(
+            "`{user}` is not among this request's approvers ({})",
+            row.approvers.join(", ")
+        )));
+    }
+    // Separation of duties: not one's own call, nor a call of an agent one may act as.
+    let acts_as = state
+        .policy
+        .load()
+        .agent(&row.agent)
+        .is_some_and(|a| a.record.users.iter().any(|u| u == user));
+    if row.person.as_deref() == Some(user.as_str()) || acts_as {
+        return Err(ServiceError::Invalid(format!(
+            "`{user}` cannot decide a call made under their own identity (agent `{}`)",
+            row.agent
+        )));
+    }
+    Ok(())
+}
+
+/// Approves (`granted`) or denies a pending request, on record; an approved call is then run
+/// by this instance, in the background.
+pub async fn decide(
+    state: &AppState,
+    decider: &Decider,
+    id: Uuid,
+    approve: bool,
+    reason: Option<&str>,
+) -> Result<ApprovalRow> {
+    let reason = reason.map(str::trim).filter(|r| !r.is_empty());
+    if reason.is_some_and(|r| r.len() > 2000) {
+        return Err(ServiceError::Invalid(
+            "the reason is limited to 2000 bytes".into(),
+        ));
+    }
+    let current = {
+        let mut conn = state.db.acquire().await?;
+        db::approvals::get(&mut conn, id).await?
+    }
+    .ok_or_else(|| ServiceError::NotFound(format!("approval {id}")))?;
+    may_decide(state, decider, &current).await?;
+    expire_due(state).await?;
+    let (new_state, kind, outcome) = if approve {
+        ("granted", EventKind::ApprovalGranted, AuditOutcome::Success)
+    } else {
+        ("denied", EventKind::ApprovalDenied, AuditOutcome::Denied)
+    };
+    let mut tx = state.db.begin().await?;
+    let Some(row) = db::approvals::decide(&mut tx, id, new_state, &decider.name(), reason).await?
+    else {
+        let now = db::approvals::get(&mut tx, id).await?;
+        return Err(ServiceError::Conflict(format!(
+            "approval {id} is not pending any more ({})",
+            now.map(|r| r.state).unwrap_or_default()
+        )));
+    };
+    let mut e = event(kind, outcome, &row);
+    e.details = Some(
+        json!({
+            "approval": row.id,
+            "decided_by": row.decided_by,
+            "reason": row.reason,
+            "arguments_sha256": row.arguments_sha256,
+            "definition_sha256": row.definition_sha256,
+            "rule_sha256": row.rule_sha256,
+        })
+        .to_string(),
+    );
+    db::record_changes(&mut tx, vec![e]).await?;
+    tx.commit().await?;
+    state
+        .metrics
+        .approvals
+        .with_label_values(&[new_state])
+        .inc();
+    state
+        .metrics
+        .approval_decision_seconds
+        .observe((chrono::Utc::now() - row.requested_at).num_milliseconds() as f64 / 1000.0);
+    if approve {
+        let state = state.clone();
+        tokio::spawn(async move {
+            if let Err(e) = run_granted(&state, id).await {
+                tracing::error!(approval = %id, error = %e, "running an approved call failed");
+            }
+        });
+    }
+    Ok(row)
+}
+
+/// Runs a granted request's call, once: the first to move it to `running` runs it, through
+/// the core path under the caller's identity, and stores how it ended.
+pub async fn run_granted(state: &AppState, id: Uuid) -> Result<()> {
+    let claimed = {
+        let mut conn = state.db.acquire().await?;
+        db::approvals::claim_run(&mut conn, id).await?
+    };
+    let Some((row, args)) = claimed else {
+        return Ok(());
+    };
+    let principal = Principal {
+        agent: row.agent.clone(),
+        client_id: row.client_id.clone(),
+        jti: row.jti,
+        scope: scope_of(&row.scope),
+        person: row.person.clone(),
+    };
+    let surface = if row.surface == "rest" {
+        Surface::Rest
+    } else {
+        Surface::Mcp
+    };
+    let gate = Gate::new(state, &principal, surface, None);
+    let failed = |reason: String| json!({"reason": reason});
+    let (final_state, stored, call_id) = match gate.resolve(&row.tool) {
+        None => (
+            "failed",
+            failed("the tool is no longer granted to this agent".into()),
+            None,
+        ),
+        Some(tool) if tool.content_hash.hex() != row.definition_sha256 => (
+            "failed",
+            failed(
+                "the tool's definition changed since the request; call again to ask anew".into(),
+            ),
+            None,
+        ),
+        Some(tool) => match gate.run_approved(tool, args, row.id).await {
+            Ok(done) => (
+                "done",
+                json!({
+                    "outcome": serde_json::to_value(&done.outcome).unwrap_or_default(),
+                    "latency_us": done.latency.as_micros() as u64,
+                }),
+                done.call_id,
+            ),
+            Err(e) => ("failed", failed(format!("{e:?}")), None),
+        },
+    };
+    let mut conn = state.db.acquire().await?;
+    db::approvals::finish(&mut conn, id, final_state, &stored, call_id.as_deref()).await?;
+    Ok(())
+}
+
+/// Expires every pending request whose time is up, each on record.
+pub async fn expire_due(state: &AppState) -> Result<usize> {
+    let mut tx = state.db.begin().await?;
+    let rows = db::approvals::expire_due(&mut tx).await?;
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let events = rows
+        .iter()
+        .map(|r| {
+            let mut e = event(EventKind::ApprovalExpired, AuditOutcome::Timeout, r);
+            e.details = Some(
+                json!({"approval": r.id, "expires_at": r.expires_at, "approvers": r.approvers})
+                    .to_string(),
+            );
+            e
+        })
+        .collect();
+    db::record_changes(&mut tx, events).await?;
+    tx.commit().await?;
+    state
+        .metrics
+        .approvals
+        .with_label_values(&["expired"])
+        .inc_by(rows.len() as u64);
+    Ok(rows.len())
+}
+
+/// Every few seconds: expires what is due, and runs a granted call whose deciding instance
+/// died before running it.
+pub fn spawn_sweeper(state: AppState) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            if let Err(e) = expire_due(&state).await {
+                tracing::warn!(error = %e, "expiring approval requests failed");
+            }
+            let orphans = match state.db.acquire().await {
+                Ok(mut c) => db::approvals::granted_unclaimed(&mut c)
+                    .await
+                    .unwrap_or_default(),
+                Err(_) => Vec::new(),
+            };
+            for id in orphans {
+                if let Err(e) = run_granted(&state, id).await {
+                    tracing::warn!(approval = %id, error = %e, "running an approved call failed");
+                }
+            }
+            if let Ok(mut c) = state.db.acquire().await
+                && let Ok(n) = db::approvals::pending_count(&mut c).await
+            {
+                state.metrics.approvals_pending.set(n);
+            }
+        }
+    });
+}
+
+pub async fn list(state: &AppState, status: Option<&str>) -> Result<Vec<ApprovalRow>> {
+    if let Some(s) = status
+        && ![
+            "pending", "granted", "denied", "expired", "running", "done", "failed",
+        ]
+        .contains(&s)
+    {
+        return Err(ServiceError::Invalid(format!(
+            "state must be one of pending, granted, denied, expired, running, done, failed; not {s:?}"
+        )));
+    }
+    let mut conn = state.db.acquire().await?;
+    Ok(db::approvals::list(&mut conn, status, 500).await?)
+}
+
+pub async fn get(state: &AppState, id: Uuid) -> Result<ApprovalRow> {
+    let mut conn = state.db.acquire().await?;
+    db::approvals::get(&mut conn, id)
+        .await?
+        .ok_or_else(|| ServiceError::NotFound(format!("approval {id}")))
+}
+
+/// A request as its own caller may read it (the REST status URL): `None` for anyone else,
+/// the same as for a request that does not exist.
+pub async fn for_caller(
+    state: &AppState,
+    principal: &Principal,
+    id: Uuid,
+) -> Result<Option<ApprovalRow>> {
+    let mut conn = state.db.acquire().await?;
+    Ok(db::approvals::get(&mut conn, id).await?.filter(|r| {
+        r.agent == principal.agent
+            && r.client_id == principal.client_id
+            && r.person == principal.person
+    }))
+}
+
+/// The stored outcome of a done request, for a reader of its status.
+pub fn outcome_of(row: &ApprovalRow) -> Option<gate::Outcome> {
+    row.outcome
+        .as_ref()
+        .and_then(|o| serde_json::from_value(o["outcome"].clone()).ok())
+}
+
+/// Sets the approver sets of an account.
+pub async fn set_approver_sets(
+    state: &AppState,
+    actor: &str,
+    username: &str,
+    sets: &[String],
+) -> Result<()> {
+    let mut sets: Vec<String> = sets.iter().map(|s| s.trim().to_owned()).collect();
+    sets.retain(|s| !s.is_empty());
+    sets.sort();
+    sets.dedup();
+    if let Some(bad) = sets
+        .iter()
+        .find(|s| !crate::policy::approvals::valid_approver(s))
+    {
+        return Err(ServiceError::Invalid(format!(
+            "approver set {bad:?}: lowercase letters, digits, _ . - only"
+        )));
+    }
+    let mut tx = state.db.begin().await?;
+    if !db::approvals::set_approver_sets(&mut tx, actor, username, &sets).await? {
+        return Err(ServiceError::NotFound(format!("account `{username}`")));
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// What setting an approval rule did: its problems (a rule that never triggers, or that
+/// nobody can decide, is kept and flagged, like a zero-match grant).
+#[derive(Debug, Serialize)]
+pub struct RuleSet {
+    pub agent: String,
+    pub rule: crate::policy::approvals::ApprovalRule,
+    pub problems: Vec<crate::policy::approvals::ApprovalProblem>,
+}
+
+/// Sets an agent's approval rule on one tool, group or `@destructive`.
+pub async fn set_rule(
+    state: &AppState,
+    actor: &str,
+    agent: &str,
+    target: &str,
+    body: &Value,
+) -> Result<RuleSet> {
+    let rule = crate::policy::approvals::parse(target, body).map_err(ServiceError::Invalid)?;
+    let mut tx = state.db.begin().await?;
+    super::editable_agent(&mut tx, agent).await?;
+    if !db::approval_rules::set_approval_rule(&mut tx, actor, agent, &rule).await? {
+        return Err(ServiceError::NotFound(format!("agent `{agent}`")));
+    }
+    tx.commit().await?;
+    super::refresh(state, crate::policy::snapshot::Parts::AGENTS).await;
+    let problems = problems(state, agent)
+        .await?
+        .into_iter()
+        .filter(|p| p.target == target)
+        .collect();
+    Ok(RuleSet {
+        agent: agent.to_owned(),
+        rule,
+        problems,
+    })
+}
+
+pub async fn delete_rule(state: &AppState, actor: &str, agent: &str, target: &str) -> Result<()> {
+    let mut tx = state.db.begin().await?;
+    super::editable_agent(&mut tx, agent).await?;
+    if !db::approval_rules::delete_approval_rule(&mut tx, actor, agent, target).await? {
+        return Err(ServiceError::NotFound(format!(
+            "approval on `{target}` of agent `{agent}`"
+        )));
+    }
+    tx.commit().await?;
+    super::refresh(state, crate::policy::snapshot::Parts::AGENTS).await;
+    Ok(())
+}
+
+/// The problems of an agent's approval rules, against what it sees and who can approve.
+pub async fn problems(
+    state: &AppState,
+    agent: &str,
+) -> Result<Vec<crate::policy::approvals::ApprovalProblem>> {
+    let snapshot = state.policy.load();
+    let Some(view) = snapshot.agent(agent) else {
+        return Ok(Vec::new());
+    };
+    if view.record.approvals.is_empty() {
+        return Ok(Vec::new());
+    }
+    let staffed = {
+        let mut conn = state.db.acquire().await?;
+        db::approval_rules::staffed(&mut conn).await?
+    };
+    Ok(crate::policy::approvals::problems(
+        &view.record.approvals,
+        &view.visible,
+        Some(&staffed),
+    ))
+}

@@ -1,0 +1,508 @@
+//! Approvals: a call a rule asks about waits for a person, runs exactly once when approved,
+//! never when denied or expired, and nobody approves their own call.
+
+use http::StatusCode;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::helpers::{TestApp, single_op, until, write_group};
+use crate::web::Browser;
+
+const PASSWORD: &str = "correct horse battery staple";
+
+/// A `payments` group whose `transfer` appends every call it runs to `runs.log` beside it:
+/// what ran is counted on disk, not in the gateway's own words.
+struct Payments {
+    dir: tempfile::TempDir,
+    app: TestApp,
+    token: String,
+}
+
+impl Payments {
+    async fn new(pool: PgPool) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = json!({"type": "object", "required": ["amount", "to"], "properties": {
+            "amount": {"type": "integer"}, "to": {"type": "string"}}});
+        write_group(
+            dir.path(),
+            "payments",
+            &single_op("transfer", schema, json!({})),
+            &[(
+                "transfer.sh",
+                "#!/bin/sh\ninput=$(cat)\necho \"$input\" >> \"$(dirname \"$0\")/runs.log\"\nprintf '{\"sent\":%s}' \"$input\"\n",
+            )],
+        );
+        let app = TestApp::with(pool, dir.path(), None, &["--script-sandbox", "off"]).await;
+        let token = app.agent("payer", &["payments"]).await;
+        Self { dir, app, token }
+    }
+
+    fn runs(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.path().join("payments/runs.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    async fn rest(&self, token: &str, args: Value) -> crate::helpers::Reply {
+        self.app
+            .post_json("/tools/payments/transfer", Some(token), args)
+            .await
+    }
+
+    async fn rule(&self, body: Value) -> crate::helpers::Reply {
+        self.app
+            .admin(
+                "PUT",
+                "/api/v1/agents/payer/approval/payments__transfer",
+                Some(body),
+            )
+            .await
+    }
+
+    async fn approver(&self, username: &str, role: &str, sets: &[&str]) {
+        let r = self
+            .app
+            .admin(
+                "POST",
+                "/api/v1/users",
+                Some(json!({"username": username, "password": PASSWORD, "role": role})),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+        let r = self
+            .app
+            .admin(
+                "PUT",
+                &format!("/api/v1/users/{username}/approver-sets"),
+                Some(json!({"sets": sets})),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    }
+
+    async fn audit_rows(&self, event_type: &str) -> Vec<(String, Option<String>, Option<String>)> {
+        self.app.state.audit.flush().await.unwrap();
+        sqlx::query_as(
+            "SELECT outcome, details, resource FROM audit_events WHERE event_type = $1 ORDER BY id",
+        )
+        .bind(event_type)
+        .fetch_all(&self.app.state.db)
+        .await
+        .unwrap()
+    }
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_risky_call_waits_runs_once_when_approved_and_asks_again_for_other_arguments(
+    pool: PgPool,
+) {
+    let p = Payments::new(pool).await;
+    let set = p
+        .rule(json!({"when": {"amount": {"exclusiveMinimum": 1000}}, "approvers": ["finance"], "ttl": "1h"}))
+        .await;
+    assert_eq!(set.status, StatusCode::OK, "{}", set.text);
+    // Nobody is `finance` yet: flagged, like a grant that matches nothing.
+    assert!(
+        set.body["problems"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("nobody can approve"),
+        "{}",
+        set.text
+    );
+    p.approver("fiona", "viewer", &["finance"]).await;
+    let agent = p.app.admin("GET", "/api/v1/agents/payer", None).await;
+    assert_eq!(
+        agent.body["agent"]["approval_problems"],
+        json!([]),
+        "{}",
+        agent.text
+    );
+
+    // Below the threshold: runs at once, as before.
+    let small = p.rest(&p.token, json!({"amount": 10, "to": "bob"})).await;
+    assert_eq!(small.status, StatusCode::OK, "{}", small.text);
+    assert_eq!(p.runs().len(), 1);
+
+    // Above it: 202, a status URL, and nothing ran.
+    let big = json!({"amount": 5000, "to": "mallory"});
+    let asked = p.rest(&p.token, big.clone()).await;
+    assert_eq!(asked.status, StatusCode::ACCEPTED, "{}", asked.text);
+    assert_eq!(asked.body["status"], "pending");
+    let id = asked.body["approval"].as_str().unwrap().to_owned();
+    let status_url = asked.body["status_url"].as_str().unwrap().to_owned();
+    assert_eq!(status_url, format!("/approvals/{id}"));
+    assert_eq!(asked.headers["location"], status_url.as_str());
+    assert_eq!(p.runs().len(), 1);
+
+    // The same call again (keys in another order) is the same request, not a second one.
+    let again = p
+        .rest(&p.token, json!({"to": "mallory", "amount": 5000}))
+        .await;
+    assert_eq!(again.status, StatusCode::ACCEPTED, "{}", again.text);
+    assert_eq!(again.body["approval"], id.as_str());
+    let pending = p
+        .app
+        .admin("GET", "/api/v1/approvals?state=pending", None)
+        .await;
+    assert_eq!(pending.body["approvals"].as_array().unwrap().len(), 1);
+
+    // The status URL is the caller's own: another agent reads a 404.
+    assert_eq!(
+        p.app.get(&status_url, Some(&p.token)).await.status,
+        StatusCode::ACCEPTED
+    );
+    let stranger = p.app.agent("stranger", &["payments"]).await;
+    assert_eq!(
+        p.app.get(&status_url, Some(&stranger)).await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    // The approver decides in the admin UI, from another session.
+    let mut fiona = Browser::signed_in_existing(&p.app, "fiona", PASSWORD).await;
+    let inbox = fiona.get("/admin/approvals").await;
+    assert_eq!(inbox.status, StatusCode::OK, "{}", inbox.text);
+    assert!(inbox.text.contains(&id), "{}", inbox.text);
+    assert!(inbox.text.contains("mallory"), "{}", inbox.text);
+    let decided = fiona
+        .submit(
+            "/admin/approvals",
+            &format!("/admin/approvals/{id}/decide"),
+            &[("decision", "approve"), ("reason", "invoice 42")],
+        )
+        .await;
+    assert_eq!(decided.status, StatusCode::SEE_OTHER, "{}", decided.text);
+
+    // The gateway runs it once; its result is at the status URL.
+    until(
+        std::time::Duration::from_secs(10),
+        "the approved call ran",
+        || async { p.app.get(&status_url, Some(&p.token)).await.status == StatusCode::OK },
+    )
+    .await;
+    let result = p.app.get(&status_url, Some(&p.token)).await;
+    assert_eq!(result.body["sent"], big, "{}", result.text);
+    assert_eq!(p.runs().len(), 2);
+    assert_eq!(p.runs()[1], big);
+
+    // The identical call now answers as usual, from that one run.
+    let retried = p.rest(&p.token, big.clone()).await;
+    assert_eq!(retried.status, StatusCode::OK, "{}", retried.text);
+    assert_eq!(retried.body["sent"], big);
+    assert_eq!(p.runs().len(), 2, "a retry must not run the call again");
+
+    // Single use: the same call once more is a new request.
+    let anew = p.rest(&p.token, big.clone()).await;
+    assert_eq!(anew.status, StatusCode::ACCEPTED, "{}", anew.text);
+    assert_ne!(anew.body["approval"], id.as_str());
+
+    // One argument changed: a request of its own, which a denial stops for good.
+    let other = p
+        .rest(&p.token, json!({"amount": 5001, "to": "mallory"}))
+        .await;
+    assert_eq!(other.status, StatusCode::ACCEPTED, "{}", other.text);
+    let other_id = other.body["approval"].as_str().unwrap().to_owned();
+    assert_ne!(other_id, id);
+    let denied = p
+        .app
+        .admin(
+            "POST",
+            &format!("/api/v1/approvals/{other_id}/deny"),
+            Some(json!({"reason": "not on the vendor list"})),
+        )
+        .await;
+    assert_eq!(denied.status, StatusCode::OK, "{}", denied.text);
+    let told = p
+        .rest(&p.token, json!({"amount": 5001, "to": "mallory"}))
+        .await;
+    assert_eq!(told.status, StatusCode::FORBIDDEN, "{}", told.text);
+    assert!(
+        told.text.contains("not on the vendor list"),
+        "{}",
+        told.text
+    );
+    // A decision is made once.
+    let twice = p
+        .app
+        .admin(
+            "POST",
+            &format!("/api/v1/approvals/{other_id}/approve"),
+            None,
+        )
+        .await;
+    assert_eq!(twice.status, StatusCode::CONFLICT, "{}", twice.text);
+    assert_eq!(p.runs().len(), 2);
+
+    // On record, with the binding and who decided; the run's rows name the approval.
+    let requested = p.audit_rows("approval.requested").await;
+    assert_eq!(requested.len(), 3);
+    let first: Value = serde_json::from_str(requested[0].1.as_deref().unwrap()).unwrap();
+    assert_eq!(first["approval"], id.as_str());
+    assert_eq!(first["arguments_sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(first["definition_sha256"].as_str().unwrap().len(), 64);
+    let granted = p.audit_rows("approval.granted").await;
+    assert_eq!(granted.len(), 1);
+    assert!(
+        granted[0]
+            .1
+            .as_deref()
+            .unwrap()
+            .contains("\"decided_by\":\"fiona\"")
+    );
+    let denials = p.audit_rows("approval.denied").await;
+    assert_eq!(denials.len(), 1);
+    assert_eq!(denials[0].0, "denied");
+    let linked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE event_type IN ('tool.call', 'tool.result')
+         AND details::jsonb ->> 'approval' = $1",
+    )
+    .bind(&id)
+    .fetch_one(&p.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        linked, 2,
+        "the run's started and result rows link to the approval"
+    );
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn over_mcp_the_call_says_it_waits_and_the_same_call_later_gets_the_one_result(pool: PgPool) {
+    let p = Payments::new(pool).await;
+    p.rule(json!({"approvers": ["admin"]})).await;
+    let args = json!({"amount": 3, "to": "carol"});
+    let r = p
+        .app
+        .call(&p.token, "payments__transfer", args.clone())
+        .await;
+    let result = &r.body["result"];
+    assert_eq!(result["isError"], true, "{}", r.text);
+    let id = result["_meta"]["io.toolgate/approval"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        result["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("waiting for approval {id}")),
+        "{}",
+        r.text
+    );
+    let ok = p
+        .app
+        .admin("POST", &format!("/api/v1/approvals/{id}/approve"), None)
+        .await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.text);
+    until(
+        std::time::Duration::from_secs(10),
+        "the approved call ran",
+        || async { p.runs().len() == 1 },
+    )
+    .await;
+    // Retries race: exactly one of them is given the result, the others start a new request;
+    // the call ran once.
+    let calls = (0..6).map(|_| p.app.call(&p.token, "payments__transfer", args.clone()));
+    let replies = futures::future::join_all(calls).await;
+    let given = replies
+        .iter()
+        .filter(|r| r.body["result"]["isError"] == false)
+        .count();
+    assert_eq!(
+        given,
+        1,
+        "{:?}",
+        replies.iter().map(|r| &r.text).collect::<Vec<_>>()
+    );
+    let ran = replies
+        .iter()
+        .find(|r| r.body["result"]["isError"] == false)
+        .unwrap();
+    assert_eq!(ran.body["result"]["structuredContent"]["sent"], args);
+    assert_eq!(p.runs().len(), 1);
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn nobody_approves_their_own_call_or_one_they_are_not_an_approver_of(pool: PgPool) {
+    let p = Payments::new(pool).await;
+    p.rule(json!({"approvers": ["finance"]})).await;
+    // Alice is in finance, and may act as the agent herself.
+    p.approver("alice", "member", &["finance"]).await;
+    let r = p
+        .app
+        .admin("PUT", "/api/v1/agents/payer/users/alice", None)
+        .await;
+    assert!(r.status.is_success(), "{}", r.text);
+    p.approver("victor", "viewer", &["legal"]).await;
+    let asked = p.rest(&p.token, json!({"amount": 1, "to": "alice"})).await;
+    let id = asked.body["approval"].as_str().unwrap().to_owned();
+
+    let mut alice = Browser::signed_in_existing(&p.app, "alice", PASSWORD).await;
+    let own = alice
+        .submit(
+            "/admin/approvals",
+            &format!("/admin/approvals/{id}/decide"),
+            &[("decision", "approve"), ("reason", "")],
+        )
+        .await;
+    assert_eq!(own.status, StatusCode::BAD_REQUEST, "{}", own.text);
+    assert!(own.text.contains("own identity"), "{}", own.text);
+    let mut victor = Browser::signed_in_existing(&p.app, "victor", PASSWORD).await;
+    let outsider = victor
+        .submit(
+            "/admin/approvals",
+            &format!("/admin/approvals/{id}/decide"),
+            &[("decision", "approve"), ("reason", "")],
+        )
+        .await;
+    assert_eq!(
+        outsider.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        outsider.text
+    );
+    assert!(outsider.text.contains("not among"), "{}", outsider.text);
+    let still = p
+        .app
+        .admin("GET", &format!("/api/v1/approvals/{id}"), None)
+        .await;
+    assert_eq!(still.body["approval"]["state"], "pending", "{}", still.text);
+    assert!(p.runs().is_empty());
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn an_expired_request_never_runs_and_is_on_record(pool: PgPool) {
+    let p = Payments::new(pool).await;
+    p.rule(json!({"approvers": ["admin"], "ttl": "1m"})).await;
+    let args = json!({"amount": 7, "to": "dave"});
+    let asked = p.rest(&p.token, args.clone()).await;
+    let id: uuid::Uuid = asked.body["approval"].as_str().unwrap().parse().unwrap();
+    // Time passes: the request's minute is over.
+    sqlx::query(
+        "UPDATE approval_requests SET expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&p.app.state.db)
+    .await
+    .unwrap();
+    let late = p
+        .app
+        .admin("POST", &format!("/api/v1/approvals/{id}/approve"), None)
+        .await;
+    assert_eq!(late.status, StatusCode::CONFLICT, "{}", late.text);
+    let told = p.rest(&p.token, args.clone()).await;
+    assert_eq!(told.status, StatusCode::GONE, "{}", told.text);
+    let expired = p.audit_rows("approval.expired").await;
+    assert_eq!(expired.len(), 1);
+    assert_eq!(
+        expired[0].2.as_deref(),
+        Some(format!("approval:{id}").as_str())
+    );
+    // The arguments of a request that can no longer run are not kept.
+    let kept: Option<Value> =
+        sqlx::query_scalar("SELECT arguments FROM approval_requests WHERE id = $1")
+            .bind(id)
+            .fetch_one(&p.app.state.db)
+            .await
+            .unwrap();
+    assert_eq!(kept, None);
+    assert!(p.runs().is_empty());
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn approval_rules_round_trip_through_policy_files_and_bad_ones_are_refused(pool: PgPool) {
+    let p = Payments::new(pool.clone()).await;
+    for (target, body, says) in [
+        (
+            "payments__transfer",
+            json!({"approvers": []}),
+            "at least one",
+        ),
+        (
+            "payments__transfer",
+            json!({"approvers": ["finance"], "ttl": "10s"}),
+            "between",
+        ),
+        (
+            "payments__transfer",
+            json!({"approvers": ["finance"], "when": {"amount": {"maximum": "x"}}}),
+            "when",
+        ),
+        ("no such thing!", json!({"approvers": ["finance"]}), ""),
+    ] {
+        let r = p
+            .app
+            .admin(
+                "PUT",
+                &format!("/api/v1/agents/payer/approval/{}", urlencoding(target)),
+                Some(body),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{target}: {}", r.text);
+        assert!(r.text.contains(says), "{}", r.text);
+    }
+    let r = p
+        .rule(json!({"when": {"amount": {"exclusiveMinimum": 1000}}, "approvers": ["finance"], "ttl": "2h"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    // A rule on a parameter the tool lacks never triggers: flagged.
+    let r = p
+        .app
+        .admin(
+            "PUT",
+            "/api/v1/agents/payer/approval/payments",
+            Some(json!({"when": {"currency": {"const": "EUR"}}, "approvers": ["admin"]})),
+        )
+        .await;
+    assert!(r.text.contains("never triggers"), "{}", r.text);
+    p.app
+        .admin("DELETE", "/api/v1/agents/payer/approval/payments", None)
+        .await;
+
+    let out = tempfile::tempdir().unwrap();
+    toolgate::policy::files::export(&pool, out.path())
+        .await
+        .unwrap();
+    let md = std::fs::read_to_string(out.path().join("agents/payer/agent.md")).unwrap();
+    assert!(md.contains("approval:"), "{md}");
+    assert!(md.contains("exclusiveMinimum: 1000"), "{md}");
+    assert!(md.contains("ttl: 2h"), "{md}");
+    let catalog = p.app.state.policy.catalog();
+    let report =
+        toolgate::policy::files::apply_dir(&pool, out.path(), &catalog, "test", true, false, false)
+            .await
+            .unwrap();
+    assert!(report.changes.is_empty(), "{:?}", report.changes);
+
+    // Edited in the file: apply changes the rule.
+    std::fs::write(
+        out.path().join("agents/payer/agent.md"),
+        md.replace("ttl: 2h", "ttl: 30m"),
+    )
+    .unwrap();
+    let report = toolgate::policy::files::apply_dir(
+        &pool,
+        out.path(),
+        &catalog,
+        "test",
+        false,
+        false,
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.changes.len(), 1, "{:?}", report.changes);
+    p.app.state.reload_policy().await.unwrap();
+    let agent = p.app.admin("GET", "/api/v1/agents/payer", None).await;
+    assert_eq!(
+        agent.body["agent"]["approvals"][0]["ttl"], "30m",
+        "{}",
+        agent.text
+    );
+}
+
+fn urlencoding(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
