@@ -142,7 +142,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!(e))?;
     let state = AppState::new(settings.clone(), pool);
     crate::audit::rollup::spawn(state.db.clone());
-    crate::service::approvals::spawn_sweeper(state.clone());
+    crate::gate::spawn_approval_sweeper(state.clone());
     if !sinks.is_empty() {
         tracing::info!(sinks = ?sinks.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), "audit sinks");
         crate::audit::sink::spawn(state.db.clone(), sinks, state.metrics.clone());

@@ -288,6 +288,20 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub audit_sink: Vec<String>,
+    /// Where approvers are told of a call that waits for them: `<approver>=<url>`, one per
+    /// role or approver set (repeatable; comma-separated in the environment). A
+    /// Slack-compatible JSON POST (`text`, plus the request under `approval`) with a link to
+    /// the inbox, signed with `--approval-webhook-secret`, retried with backoff.
+    #[arg(
+        long = "approval-webhook",
+        env = "TOOLGATE_APPROVAL_WEBHOOKS",
+        value_delimiter = ','
+    )]
+    pub approval_webhooks: Vec<String>,
+    /// Signs each webhook: `X-Toolgate-Signature: t=<unix time>,v1=<hex HMAC-SHA256 of
+    /// "<t>.<body>">`.
+    #[arg(long, env = "TOOLGATE_APPROVAL_WEBHOOK_SECRET", hide_env_values = true)]
+    pub approval_webhook_secret: Option<String>,
     /// Ed25519 private key (from `toolgate audit keygen`) that signs audit checkpoints. Keep
     /// it out of the database; without it, a re-hashed chain cannot be detected.
     #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_KEY")]

@@ -549,7 +549,7 @@ impl<'a> Gate<'a> {
         match approvals::gatekeep(
             self.state,
             self.principal,
-            self.surface,
+            self.surface.as_str(),
             &tool,
             rule,
             args,
@@ -558,6 +558,11 @@ impl<'a> Gate<'a> {
         .await
         {
             Ok(Gatekeeping::Ran { outcome, latency }) => {
+                let Ok(outcome) = serde_json::from_value::<Outcome>(outcome) else {
+                    tracing::error!(tool = %tool.name, "an approved call's stored outcome does not read back");
+                    self.metric("approval_unavailable");
+                    return Err(Refused::ApprovalUnavailable);
+                };
                 self.metric(outcome.label());
                 Ok(CallDone {
                     tool,
@@ -573,6 +578,24 @@ impl<'a> Gate<'a> {
                     "approval_refused"
                 });
                 Err(Refused::Approval { tool, ticket })
+            }
+            // Too large to keep, or too many waiting: refused, on record, with the reason.
+            Err(
+                crate::service::ServiceError::Invalid(message)
+                | crate::service::ServiceError::Conflict(message),
+            ) => {
+                self.metric("approval_refused");
+                let mut e = self.tool_event(
+                    EventKind::ToolCall,
+                    AuditOutcome::Denied,
+                    tool.name.as_str(),
+                );
+                e.error = Some(message.clone());
+                self.commit(e).await.map_err(Refused::AuditUnavailable)?;
+                Err(Refused::InvalidArguments {
+                    tool,
+                    violations: vec![message],
+                })
             }
             Err(e) => {
                 tracing::error!(error = %e, "the approval store is unavailable");
@@ -756,4 +779,89 @@ fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &s[..end])
+}
+
+/// Decides a request for approval ([`crate::service::approvals::decide`]); a granted call is
+/// then run here, once, in the background, through the core path under its caller's identity.
+pub async fn decide(
+    state: &AppState,
+    decider: &crate::service::approvals::Decider,
+    id: uuid::Uuid,
+    approve: bool,
+    reason: Option<&str>,
+) -> Result<crate::db::approvals::ApprovalRow, crate::service::ServiceError> {
+    let row = crate::service::approvals::decide(state, decider, id, approve, reason).await?;
+    if approve {
+        let state = state.clone();
+        tokio::spawn(async move {
+            if let Err(e) = run_granted(&state, id).await {
+                tracing::error!(approval = %id, error = %e, "running an approved call failed");
+            }
+        });
+    }
+    Ok(row)
+}
+
+/// Runs a granted request's call: the first to claim it (on any instance) runs it, once, if the
+/// tool is still granted to the caller and its definition is the one approved; stores how it
+/// ended for the caller to read.
+pub async fn run_granted(
+    state: &AppState,
+    id: uuid::Uuid,
+) -> Result<(), crate::service::ServiceError> {
+    use crate::service::approvals;
+    let Some((row, principal, args)) = approvals::claim(state, id).await? else {
+        return Ok(());
+    };
+    let surface = if row.surface == Surface::Rest.as_str() {
+        Surface::Rest
+    } else {
+        Surface::Mcp
+    };
+    let gate = Gate::new(state, &principal, surface, None);
+    let ran = match gate.resolve(&row.tool) {
+        None => Err("the tool is no longer granted to this agent".to_owned()),
+        Some(tool) if tool.content_hash.hex() != row.definition_sha256 => Err(
+            "the tool's definition changed since the request; call again to ask anew".to_owned(),
+        ),
+        Some(tool) => match gate.run_approved(tool, args, row.id).await {
+            Ok(done) => Ok((
+                serde_json::to_value(&done.outcome).unwrap_or_default(),
+                done.latency,
+                done.call_id,
+            )),
+            Err(Refused::AuditUnavailable(_)) => {
+                Err("the audit log was unavailable, so the call did not run".to_owned())
+            }
+            Err(Refused::InvalidArguments { violations, .. }) => Err(violations.join("; ")),
+            Err(other) => Err(format!("the call did not run ({other:?})")),
+        },
+    };
+    approvals::finish(state, id, ran).await
+}
+
+/// Every few seconds: expires requests whose time is up, runs granted calls whose deciding
+/// instance died before running them, refreshes the pending gauge.
+pub fn spawn_approval_sweeper(state: AppState) {
+    use crate::service::approvals;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            if let Err(e) = approvals::expire_due(&state).await {
+                tracing::warn!(error = %e, "expiring approval requests failed");
+            }
+            for id in approvals::orphans(&state).await.unwrap_or_default() {
+                if let Err(e) = run_granted(&state, id).await {
+                    tracing::warn!(approval = %id, error = %e, "running an approved call failed");
+                }
+            }
+            let _ = approvals::count_pending(&state).await;
+        }
+    });
+}
+
+/// The outcome an approved call left, for its caller to read.
+pub fn stored_outcome(row: &crate::db::approvals::ApprovalRow) -> Option<Outcome> {
+    crate::service::approvals::outcome_of(row).and_then(|v| serde_json::from_value(v.clone()).ok())
 }

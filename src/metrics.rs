@@ -54,6 +54,8 @@ pub struct Metrics {
     pub approvals_pending: IntGauge,
     /// Time from request to decision.
     pub approval_decision_seconds: prometheus::Histogram,
+    /// Approval webhooks by how they ended (`delivered`, `failed` after every retry).
+    pub approval_webhooks: IntCounterVec,
     pub pool_load_errors: IntGauge,
     pub zero_match_grants: IntGauge,
     pub agents_without_tools: IntGauge,
@@ -215,8 +217,17 @@ impl Metrics {
             ]),
         )
         .unwrap_or_else(|_| unreachable_metric());
+        let approval_webhooks = IntCounterVec::new(
+            Opts::new(
+                "approval_webhooks_total",
+                "Approval webhooks by how they ended",
+            ),
+            &["result"],
+        )
+        .unwrap_or_else(|_| unreachable_metric());
         for c in [
             Box::new(http_requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(approval_webhooks.clone()),
             Box::new(approvals.clone()),
             Box::new(approvals_pending.clone()),
             Box::new(approval_decision_seconds.clone()),
@@ -263,6 +274,7 @@ impl Metrics {
             approvals,
             approvals_pending,
             approval_decision_seconds,
+            approval_webhooks,
             pool_load_errors,
             zero_match_grants,
             agents_without_tools,

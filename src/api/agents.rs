@@ -412,7 +412,7 @@ async fn decide(
             })?
             .reason
     };
-    let row = service::approvals::decide(
+    let row = crate::gate::decide(
         state,
         &service::approvals::Decider::AdminToken,
         approval_id(id)?,

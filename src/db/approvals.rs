@@ -277,6 +277,16 @@ pub async fn pending_count(conn: &mut PgConnection) -> sqlx::Result<i64> {
         .await
 }
 
+/// How many requests of `agent` wait.
+pub async fn pending_for(conn: &mut PgConnection, agent: &str) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM approval_requests WHERE state = 'pending' AND agent = $1"#,
+        agent
+    )
+    .fetch_one(conn)
+    .await
+}
+
 /// An account's approver sets and whether it is enabled, by username.
 pub async fn approver(
     conn: &mut PgConnection,

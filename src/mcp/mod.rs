@@ -152,6 +152,99 @@ fn approval_call(tool: &str, ticket: &crate::service::approvals::Ticket) -> Call
     result.into()
 }
 
+/// A call that waits for approval, as a task (SEP-2663): `working` until a person decides,
+/// then the call's result (`completed`) or the refusal (`failed`). The task is the request:
+/// its id is the request's, readable by the same caller only.
+fn approval_task(ticket: &crate::service::approvals::Ticket) -> rmcp::model::CreateTaskResult {
+    let now = chrono::Utc::now();
+    let mut task = rmcp::model::Task::new(
+        ticket.id.to_string(),
+        rmcp::model::TaskStatus::Working,
+        now.to_rfc3339(),
+        now.to_rfc3339(),
+    );
+    task.status_message = Some(format!("waiting for approval {}", ticket.id));
+    task.ttl_ms = Some((ticket.expires_at - now).num_milliseconds().max(0) as u64);
+    task.poll_interval_ms = Some(APPROVAL_POLL_MS);
+    rmcp::model::CreateTaskResult::new(task)
+}
+
+/// How often a client polls a task that waits for a person.
+const APPROVAL_POLL_MS: u64 = 2000;
+
+/// `tasks/get` for a call that waits for approval.
+async fn approval_task_state(
+    state: &AppState,
+    principal: &Principal,
+    task_id: &str,
+) -> Result<rmcp::model::GetTaskResult, McpError> {
+    use rmcp::model::{DetailedTask, GetTaskResult, Task, TaskPayload, TaskStatus};
+    let unknown = || McpError::invalid_params("unknown task", None);
+    let id = uuid::Uuid::parse_str(task_id).map_err(|_| unknown())?;
+    let row = crate::service::approvals::for_caller(state, principal, id)
+        .await
+        .map_err(|_| audit_unavailable())?
+        .ok_or_else(unknown)?;
+    let updated = row
+        .finished_at
+        .or(row.decided_at)
+        .unwrap_or(row.requested_at)
+        .to_rfc3339();
+    let mut task = Task::new(
+        row.id.to_string(),
+        TaskStatus::Working,
+        row.requested_at.to_rfc3339(),
+        updated,
+    );
+    task.ttl_ms = Some(
+        (row.expires_at - row.requested_at)
+            .num_milliseconds()
+            .max(0) as u64,
+    );
+    task.poll_interval_ms = Some(APPROVAL_POLL_MS);
+    let ticket = crate::service::approvals::Ticket {
+        id: row.id,
+        status: row.state.clone(),
+        reason: row.reason.clone(),
+        expires_at: row.expires_at,
+        created: false,
+    };
+    let payload = match (row.state.as_str(), crate::gate::stored_outcome(&row)) {
+        ("done", Some(outcome)) => {
+            let result = serde_json::to_value(outcome.into_mcp_result())
+                .ok()
+                .and_then(|v| v.as_object().cloned())
+                .unwrap_or_default();
+            TaskPayload::Completed { result }
+        }
+        ("pending" | "granted" | "running", _) => {
+            task.status_message = Some(ticket.message(&row.tool));
+            TaskPayload::Working
+        }
+        (s, _) => {
+            // Application codes, outside JSON-RPC's reserved range.
+            let code = match s {
+                "denied" => -31001,
+                "expired" => -31002,
+                _ => -31003,
+            };
+            let mut error = serde_json::Map::new();
+            error.insert("code".into(), json!(code));
+            error.insert("message".into(), json!(ticket.message(&row.tool)));
+            error.insert(
+                "data".into(),
+                json!({"approval": row.id, "status": row.state, "reason": row.reason}),
+            );
+            TaskPayload::Failed { error }
+        }
+    };
+    // The outcome is this task's: an identical call made later is a new request.
+    if !matches!(payload, TaskPayload::Working) {
+        let _ = crate::service::approvals::mark_delivered(state, row.id).await;
+    }
+    Ok(GetTaskResult::new(DetailedTask::new(task, payload)))
+}
+
 fn refused(r: Refused) -> McpError {
     match r {
         Refused::Approval { tool, ticket } => {
@@ -215,6 +308,9 @@ impl ServerHandler for Gateway {
                 .enable_tool_list_changed()
                 .enable_prompts()
                 .enable_resources()
+                // A call that waits for approval is a task to a 2026-07-28 client that
+                // declares the extension (`tasks/get` polls it).
+                .enable_tasks()
                 .build(),
         )
         .with_server_info(Implementation::new("toolgate", env!("CARGO_PKG_VERSION")))
@@ -272,7 +368,15 @@ impl ServerHandler for Gateway {
         let (principal, origin) = caller(&ctx)?;
         let gate = Gate::new(&self.state, &principal, Surface::Mcp, origin.as_ref());
         let name = request.name.to_string();
-        let result = call_tool(&gate, request).await;
+        // A 2026-07-28 client that declares the tasks extension on this request is given a
+        // task for a call that waits for approval; any other is told in a tool result.
+        let tasks = ctx
+            .protocol_version()
+            .is_some_and(|v| v.as_str() >= rmcp::model::ProtocolVersion::V_2026_07_28.as_str())
+            && ctx
+                .client_capabilities()
+                .is_some_and(|c| c.supports_tasks());
+        let result = call_tool(&gate, request, tasks).await;
         // The tool label only for a name the caller may see: no label values minted from
         // made-up names, no trace of an ungranted tool.
         let visible =
@@ -386,6 +490,10 @@ impl ServerHandler for Gateway {
         if let Some(tools) = info.capabilities.tools.as_mut() {
             tools.list_changed = None;
         }
+        // The tasks extension is defined from 2026-07-28 only.
+        if let Some(ext) = info.capabilities.extensions.as_mut() {
+            ext.remove(rmcp::model::TASKS_EXTENSION_ID);
+        }
         advertise_apps(&gate, &mut info);
         Ok(info)
     }
@@ -414,6 +522,32 @@ impl ServerHandler for Gateway {
             self.supported_protocol_versions().into_owned(),
             info,
         ))
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, McpError> {
+        let (principal, _) = caller(&ctx)?;
+        approval_task_state(&self.state, &principal, &request.task_id).await
+    }
+
+    /// Acknowledged (SEP-2663: cancellation is cooperative), for the task's own caller: a
+    /// request for approval is withdrawn only by a person's decision or its expiry.
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let (principal, _) = caller(&ctx)?;
+        let id = uuid::Uuid::parse_str(&request.task_id)
+            .map_err(|_| McpError::invalid_params("unknown task", None))?;
+        match crate::service::approvals::for_caller(&self.state, &principal, id).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(McpError::invalid_params("unknown task", None)),
+            Err(_) => Err(audit_unavailable()),
+        }
     }
 
     async fn list_resource_templates(
@@ -455,6 +589,7 @@ fn advertise_apps(gate: &Gate<'_>, info: &mut ServerConfig) {
 async fn call_tool(
     gate: &Gate<'_>,
     request: CallToolRequestParams,
+    tasks: bool,
 ) -> Result<CallToolResponse, McpError> {
     // The meta-tools exist for agents configured for search or auto (even while auto
     // lists in full, so that a client holding a list from before a grant change still
@@ -465,13 +600,13 @@ async fn call_tool(
             search_tools(gate, &args).await
         } else {
             match search::parse_call(&args) {
-                Ok(c) => call(gate, &c.name, c.arguments, true).await,
+                Ok(c) => call(gate, &c.name, c.arguments, true, tasks).await,
                 Err(message) => Ok(tool_error(message)),
             }
         };
     }
     let args = Value::Object(request.arguments.unwrap_or_default());
-    call(gate, &request.name, args, false).await
+    call(gate, &request.name, args, false, tasks).await
 }
 
 /// A tool call, direct or through `call_tool` (`via_meta`): always the core path, so grants,
@@ -482,6 +617,7 @@ async fn call(
     name: &str,
     args: Value,
     via_meta: bool,
+    tasks: bool,
 ) -> Result<CallToolResponse, McpError> {
     match gate.call(name, args).await {
         Err(Refused::UnknownTool(name)) if via_meta => Ok(tool_error(format!(
@@ -501,6 +637,9 @@ async fn call(
             Ok(tool_error(text))
         }
         Err(Refused::RateLimited { retry_after, .. }) => Ok(rate_limited_call(retry_after)),
+        Err(Refused::Approval { ticket, .. }) if tasks && ticket.waiting() => {
+            Ok(CallToolResponse::Task(approval_task(&ticket)))
+        }
         Err(Refused::Approval { tool, ticket }) => Ok(approval_call(tool.name.as_str(), &ticket)),
         Err(r) => Err(refused(r)),
         Ok(done) => Ok(done.outcome.into_mcp_result().into()),

@@ -207,8 +207,8 @@ async fn approval_status(
     };
     match crate::service::approvals::for_caller(&state, &principal, id).await {
         Ok(None) => not_found(),
-        Ok(Some(row)) => match crate::service::approvals::outcome_of(&row) {
-            Some(outcome) if row.state == "done" => call_response(outcome),
+        Ok(Some(row)) => match gate::stored_outcome(&row) {
+            Some(outcome) => call_response(outcome),
             _ => approval_response(
                 &row.tool,
                 &crate::service::approvals::Ticket {

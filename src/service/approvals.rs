@@ -24,12 +24,17 @@ use super::{Result, ServiceError};
 use crate::audit::{AuditEvent, EventKind, Outcome as AuditOutcome};
 use crate::db;
 use crate::db::approvals::{ApprovalRow, Binding, NewRequest};
-use crate::gate::{self, Gate, Surface};
 use crate::policy::approvals::CompiledApproval;
 use crate::policy::snapshot::Principal;
 use crate::policy::{GrantTarget, TokenScope};
 use crate::pool::Tool;
 use crate::state::AppState;
+
+/// Largest argument object a request keeps (it waits in the database until decided).
+const MAX_ARGUMENT_BYTES: usize = 256 * 1024;
+/// Requests one agent may have waiting at once: a loop of varied calls must not fill the
+/// inbox or the database.
+const MAX_PENDING_PER_AGENT: i64 = 100;
 
 /// Where a call that needs approval stands, as its caller is told.
 #[derive(Debug, Clone, Serialize)]
@@ -102,10 +107,7 @@ pub enum Gatekeeping {
     /// Wait (or tell the caller why it will not run).
     Ticket(Ticket),
     /// The approved call already ran: its outcome, given to this caller once.
-    Ran {
-        outcome: gate::Outcome,
-        latency: Duration,
-    },
+    Ran { outcome: Value, latency: Duration },
 }
 
 /// The SHA-256 of the canonical form of `args`: the same call hashes the same whatever the
@@ -141,7 +143,7 @@ fn scope_of(v: &Value) -> TokenScope {
 pub async fn gatekeep(
     state: &AppState,
     principal: &Principal,
-    surface: Surface,
+    surface: &str,
     tool: &Tool,
     rule: &CompiledApproval,
     args: &Value,
@@ -181,8 +183,8 @@ pub async fn gatekeep(
                 if delivered {
                     if row.state == "done"
                         && let Some(stored) = &row.outcome
-                        && let Ok(outcome) = serde_json::from_value(stored["outcome"].clone())
                     {
+                        let outcome = stored["outcome"].clone();
                         let latency =
                             Duration::from_micros(stored["latency_us"].as_u64().unwrap_or(0));
                         return Ok(Gatekeeping::Ran { outcome, latency });
@@ -192,13 +194,29 @@ pub async fn gatekeep(
             }
         }
     }
+    // What an agent can make the database hold: bounded per request and in number.
+    if serde_json::to_vec(args).map_or(0, |v| v.len()) > MAX_ARGUMENT_BYTES {
+        return Err(ServiceError::Invalid(format!(
+            "a call that needs approval may carry at most {} KiB of arguments",
+            MAX_ARGUMENT_BYTES / 1024
+        )));
+    }
+    let waiting = {
+        let mut conn = state.db.acquire().await?;
+        db::approvals::pending_for(&mut conn, &principal.agent).await?
+    };
+    if waiting >= MAX_PENDING_PER_AGENT {
+        return Err(ServiceError::Conflict(format!(
+            "{waiting} calls of this agent already wait for approval; ask an approver to decide them first"
+        )));
+    }
     let ttl = chrono::Duration::from_std(rule.rule.ttl).unwrap_or(chrono::Duration::hours(1));
     let new = NewRequest {
         id: Uuid::now_v7(),
         binding,
         jti: principal.jti,
         scope: scope_value(&principal.scope),
-        surface: surface.as_str().to_owned(),
+        surface: surface.to_owned(),
         rule_target: rule.rule.target.clone(),
         approvers: rule.rule.approvers.clone(),
         arguments: args.clone(),
@@ -229,6 +247,7 @@ pub async fn gatekeep(
         .approvals
         .with_label_values(&["requested"])
         .inc();
+    notify(state, &row);
     Ok(Gatekeeping::Ticket(Ticket::of(&row, true)))
 }
 
@@ -242,6 +261,34 @@ fn event(kind: EventKind, outcome: AuditOutcome, row: &ApprovalRow) -> AuditEven
     e.tool = Some(row.tool.clone());
     e.resource = Some(format!("approval:{}", row.id));
     e
+}
+
+/// What requests an account is shown: those it may decide, or all for the roles that read
+/// everything.
+pub struct Shown {
+    all: bool,
+    names: Vec<String>,
+}
+
+impl Shown {
+    pub fn shows(&self, row: &ApprovalRow) -> bool {
+        self.all || row.approvers.iter().any(|a| self.names.contains(a))
+    }
+}
+
+pub async fn visible_to(state: &AppState, username: &str) -> Result<Shown> {
+    let mut conn = state.db.acquire().await?;
+    Ok(match db::approvals::approver(&mut conn, username).await? {
+        Some((role, mut sets)) => {
+            let all = matches!(role.as_str(), "admin" | "auditor");
+            sets.push(role);
+            Shown { all, names: sets }
+        }
+        None => Shown {
+            all: false,
+            names: Vec::new(),
+        },
+    })
 }
 
 /// Who decides.
@@ -294,8 +341,8 @@ async fn may_decide(state: &AppState, decider: &Decider, row: &ApprovalRow) -> R
     Ok(())
 }
 
-/// Approves (`granted`) or denies a pending request, on record; an approved call is then run
-/// by this instance, in the background.
+/// Approves (`granted`) or denies a pending request, on record. Running an approved call is
+/// the core path's ([`crate::gate::decide`]).
 pub async fn decide(
     state: &AppState,
     decider: &Decider,
@@ -353,68 +400,58 @@ pub async fn decide(
         .metrics
         .approval_decision_seconds
         .observe((chrono::Utc::now() - row.requested_at).num_milliseconds() as f64 / 1000.0);
-    if approve {
-        let state = state.clone();
-        tokio::spawn(async move {
-            if let Err(e) = run_granted(&state, id).await {
-                tracing::error!(approval = %id, error = %e, "running an approved call failed");
-            }
-        });
-    }
     Ok(row)
 }
 
-/// Runs a granted request's call, once: the first to move it to `running` runs it, through
-/// the core path under the caller's identity, and stores how it ended.
-pub async fn run_granted(state: &AppState, id: Uuid) -> Result<()> {
-    let claimed = {
-        let mut conn = state.db.acquire().await?;
-        db::approvals::claim_run(&mut conn, id).await?
-    };
-    let Some((row, args)) = claimed else {
-        return Ok(());
-    };
-    let principal = Principal {
-        agent: row.agent.clone(),
-        client_id: row.client_id.clone(),
-        jti: row.jti,
-        scope: scope_of(&row.scope),
-        person: row.person.clone(),
-    };
-    let surface = if row.surface == "rest" {
-        Surface::Rest
-    } else {
-        Surface::Mcp
-    };
-    let gate = Gate::new(state, &principal, surface, None);
-    let failed = |reason: String| json!({"reason": reason});
-    let (final_state, stored, call_id) = match gate.resolve(&row.tool) {
-        None => (
-            "failed",
-            failed("the tool is no longer granted to this agent".into()),
-            None,
+/// Takes a granted request to run it: its arguments and the caller's identity, for the
+/// first to ask only (the request is then `running`).
+pub async fn claim(state: &AppState, id: Uuid) -> Result<Option<(ApprovalRow, Principal, Value)>> {
+    let mut conn = state.db.acquire().await?;
+    Ok(db::approvals::claim_run(&mut conn, id)
+        .await?
+        .map(|(row, args)| {
+            let principal = Principal {
+                agent: row.agent.clone(),
+                client_id: row.client_id.clone(),
+                jti: row.jti,
+                scope: scope_of(&row.scope),
+                person: row.person.clone(),
+            };
+            (row, principal, args)
+        }))
+}
+
+/// Records how a claimed request ended: `done` with the call's outcome, or `failed` with why
+/// it could not run.
+pub async fn finish(
+    state: &AppState,
+    id: Uuid,
+    ran: std::result::Result<(Value, Duration, Option<String>), String>,
+) -> Result<()> {
+    let (final_state, stored, call_id) = match ran {
+        Ok((outcome, latency, call_id)) => (
+            "done",
+            json!({"outcome": outcome, "latency_us": latency.as_micros() as u64}),
+            call_id,
         ),
-        Some(tool) if tool.content_hash.hex() != row.definition_sha256 => (
-            "failed",
-            failed(
-                "the tool's definition changed since the request; call again to ask anew".into(),
-            ),
-            None,
-        ),
-        Some(tool) => match gate.run_approved(tool, args, row.id).await {
-            Ok(done) => (
-                "done",
-                json!({
-                    "outcome": serde_json::to_value(&done.outcome).unwrap_or_default(),
-                    "latency_us": done.latency.as_micros() as u64,
-                }),
-                done.call_id,
-            ),
-            Err(e) => ("failed", failed(format!("{e:?}")), None),
-        },
+        Err(reason) => ("failed", json!({"reason": reason}), None),
     };
     let mut conn = state.db.acquire().await?;
     db::approvals::finish(&mut conn, id, final_state, &stored, call_id.as_deref()).await?;
+    Ok(())
+}
+
+/// Granted requests nobody has run (their deciding instance died first).
+pub async fn orphans(state: &AppState) -> Result<Vec<Uuid>> {
+    let mut conn = state.db.acquire().await?;
+    Ok(db::approvals::granted_unclaimed(&mut conn).await?)
+}
+
+/// Refreshes the pending gauge.
+pub async fn count_pending(state: &AppState) -> Result<()> {
+    let mut conn = state.db.acquire().await?;
+    let n = db::approvals::pending_count(&mut conn).await?;
+    state.metrics.approvals_pending.set(n);
     Ok(())
 }
 
@@ -444,36 +481,6 @@ pub async fn expire_due(state: &AppState) -> Result<usize> {
         .with_label_values(&["expired"])
         .inc_by(rows.len() as u64);
     Ok(rows.len())
-}
-
-/// Every few seconds: expires what is due, and runs a granted call whose deciding instance
-/// died before running it.
-pub fn spawn_sweeper(state: AppState) {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
-        loop {
-            tick.tick().await;
-            if let Err(e) = expire_due(&state).await {
-                tracing::warn!(error = %e, "expiring approval requests failed");
-            }
-            let orphans = match state.db.acquire().await {
-                Ok(mut c) => db::approvals::granted_unclaimed(&mut c)
-                    .await
-                    .unwrap_or_default(),
-                Err(_) => Vec::new(),
-            };
-            for id in orphans {
-                if let Err(e) = run_granted(&state, id).await {
-                    tracing::warn!(approval = %id, error = %e, "running an approved call failed");
-                }
-            }
-            if let Ok(mut c) = state.db.acquire().await
-                && let Ok(n) = db::approvals::pending_count(&mut c).await
-            {
-                state.metrics.approvals_pending.set(n);
-            }
-        }
-    });
 }
 
 pub async fn list(state: &AppState, status: Option<&str>) -> Result<Vec<ApprovalRow>> {
@@ -513,11 +520,18 @@ pub async fn for_caller(
     }))
 }
 
+/// Marks a decided request's outcome as given to its caller (a task read to its end).
+pub async fn mark_delivered(state: &AppState, id: Uuid) -> Result<bool> {
+    let mut conn = state.db.acquire().await?;
+    Ok(db::approvals::deliver(&mut conn, id).await?)
+}
+
 /// The stored outcome of a done request, for a reader of its status.
-pub fn outcome_of(row: &ApprovalRow) -> Option<gate::Outcome> {
+pub fn outcome_of(row: &ApprovalRow) -> Option<&Value> {
     row.outcome
         .as_ref()
-        .and_then(|o| serde_json::from_value(o["outcome"].clone()).ok())
+        .filter(|_| row.state == "done")
+        .map(|o| &o["outcome"])
 }
 
 /// Sets the approver sets of an account.
@@ -618,4 +632,109 @@ pub async fn problems(
         &view.visible,
         Some(&staffed),
     ))
+}
+
+/// Tells the approvers of `row` where they already are: one POST per webhook configured for
+/// one of its approvers, in the background, retried with backoff (1 s doubling, five tries).
+/// Not durable: a request whose webhook could not be delivered still waits in the inbox.
+fn notify(state: &AppState, row: &ApprovalRow) {
+    let hooks: Vec<url::Url> = state
+        .settings
+        .approval_webhooks
+        .iter()
+        .filter(|(who, _)| row.approvers.contains(who))
+        .map(|(_, url)| url.clone())
+        .collect();
+    if hooks.is_empty() {
+        return;
+    }
+    let link = format!(
+        "{}/admin/approvals#approval-{}",
+        state.settings.issuer, row.id
+    );
+    let person = row
+        .person
+        .as_deref()
+        .map(|p| format!(" for {p}"))
+        .unwrap_or_default();
+    // Names only (agents, tools, people and approver sets are restricted to plain
+    // characters), never the arguments: they are the agent's words, and a chat would render
+    // them. The arguments' digest identifies the call.
+    let body = json!({
+        "text": format!(
+            "Agent `{}`{person} asks to call `{}` (rule on `{}`). Approve or deny: {link}",
+            row.agent, row.tool, row.rule_target
+        ),
+        "approval": {
+            "id": row.id,
+            "agent": row.agent,
+            "person": row.person,
+            "client_id": row.client_id,
+            "tool": row.tool,
+            "rule": row.rule_target,
+            "approvers": row.approvers,
+            "arguments_sha256": row.arguments_sha256,
+            "definition_sha256": row.definition_sha256,
+            "expires_at": row.expires_at,
+            "link": link,
+        },
+    })
+    .to_string();
+    let secret = state.settings.approval_webhook_secret.clone();
+    let metrics = state.metrics.clone();
+    let id = row.id;
+    for url in hooks {
+        let body = body.clone();
+        let secret = secret.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let Ok(http) = oauth2::reqwest::ClientBuilder::new()
+                .redirect(oauth2::reqwest::redirect::Policy::none())
+                .timeout(Duration::from_secs(5))
+                .build()
+            else {
+                return;
+            };
+            let mut backoff = Duration::from_secs(1);
+            for attempt in 1..=5 {
+                let mut req = http
+                    .post(url.clone())
+                    .header("content-type", "application/json")
+                    .header("x-toolgate-approval", id.to_string());
+                if let Some(secret) = &secret {
+                    req = req.header("x-toolgate-signature", signature(secret, &body));
+                }
+                match req.body(body.clone()).send().await {
+                    Ok(r) if r.status().is_success() => {
+                        metrics
+                            .approval_webhooks
+                            .with_label_values(&["delivered"])
+                            .inc();
+                        return;
+                    }
+                    Ok(r) => {
+                        tracing::warn!(approval = %id, url = %url, status = r.status().as_u16(), attempt, "approval webhook refused")
+                    }
+                    Err(e) => {
+                        tracing::warn!(approval = %id, url = %url, error = %e, attempt, "approval webhook failed")
+                    }
+                }
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+            }
+            metrics
+                .approval_webhooks
+                .with_label_values(&["failed"])
+                .inc();
+        });
+    }
+}
+
+/// `t=<unix time>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`: the time is signed with the
+/// body, so a receiver can refuse an old delivery replayed.
+pub fn signature(secret: &str, body: &str) -> String {
+    let t = chrono::Utc::now().timestamp();
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
+    let tag = ring::hmac::sign(&key, format!("{t}.{body}").as_bytes());
+    format!("t={t},v1={}", hex::encode(tag.as_ref()))
 }

@@ -53,6 +53,9 @@ pub struct Settings {
     pub registration: crate::config::Registration,
     /// Timeouts, connection and audit-row bounds for clients that proved nothing.
     pub perimeter: crate::config::PerimeterArgs,
+    /// Approver (role or set) → the webhook that tells them of a waiting call.
+    pub approval_webhooks: Vec<(String, url::Url)>,
+    pub approval_webhook_secret: Option<String>,
 }
 
 impl Settings {
@@ -104,6 +107,7 @@ impl Settings {
                 tracing::warn!(error = %e, "search embeddings: keeping the table loaded first");
             }
         }
+        let approval_webhooks = approval_webhooks(&args.approval_webhooks)?;
         let mut allowed_origins = vec![origin_of(&public)];
         allowed_origins.extend(args.allowed_origins.iter().cloned());
         Ok(Self {
@@ -148,6 +152,11 @@ impl Settings {
                 ..OutputLimits::default()
             },
             instance: crate::audit::instance_name().to_owned(),
+            approval_webhooks,
+            approval_webhook_secret: args
+                .approval_webhook_secret
+                .clone()
+                .filter(|s| !s.is_empty()),
             trusted_proxies: args.trusted_proxies.clone(),
             cimd_allow_private: args.oauth_cimd_allow_private,
             cimd_roots: match &args.oauth_cimd_ca_file {
@@ -196,4 +205,30 @@ impl Settings {
     pub fn instance_origin(&self) -> String {
         format!("folder:{}", self.tools_dir.display())
     }
+}
+
+/// `<approver>=<url>` pairs, checked now: a mistyped webhook is an error at start, not a
+/// silence when a call waits.
+fn approval_webhooks(specs: &[String]) -> anyhow::Result<Vec<(String, url::Url)>> {
+    specs
+        .iter()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            let (who, url) = s.split_once('=').ok_or_else(|| {
+                anyhow::anyhow!("--approval-webhook {s:?}: write <approver>=<url>")
+            })?;
+            let who = who.trim();
+            if !crate::policy::approvals::valid_approver(who) {
+                anyhow::bail!(
+                    "--approval-webhook {s:?}: `{who}` is not a role or approver set name"
+                );
+            }
+            let url = url::Url::parse(url.trim())
+                .map_err(|e| anyhow::anyhow!("--approval-webhook {s:?}: {e}"))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                anyhow::bail!("--approval-webhook {s:?}: the URL must be http or https");
+            }
+            Ok((who.to_owned(), url))
+        })
+        .collect()
 }

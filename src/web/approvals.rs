@@ -71,18 +71,22 @@ struct InboxPage {
     recent: Vec<RequestView>,
 }
 
+/// The inbox shows an account the requests it may decide; admins and auditors, who read
+/// everything, see every request. A viewer or member is not shown other people's arguments.
 pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
     service::approvals::expire_due(&state).await?;
+    let mine = service::approvals::visible_to(&state, &ctx.admin.username).await?;
     let pending = service::approvals::list(&state, Some("pending"))
         .await?
         .into_iter()
+        .filter(|r| mine.shows(r))
         .rev()
         .map(RequestView::from)
         .collect();
     let recent = service::approvals::list(&state, None)
         .await?
         .into_iter()
-        .filter(|r| r.state != "pending")
+        .filter(|r| r.state != "pending" && mine.shows(r))
         .take(50)
         .map(RequestView::from)
         .collect();
@@ -114,7 +118,7 @@ pub async fn decide(
         _ => return Err(WebError::BadRequest("decide approve or deny".into())),
     };
     let decider = service::approvals::Decider::Account(ctx.admin.username.clone());
-    let row = service::approvals::decide(&state, &decider, id, approve, Some(&form.reason)).await?;
+    let row = crate::gate::decide(&state, &decider, id, approve, Some(&form.reason)).await?;
     let flash = if approve {
         Flash::ok(format!(
             "Approved: `{}` of agent `{}` runs once now.",

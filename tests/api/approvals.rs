@@ -20,6 +20,10 @@ struct Payments {
 
 impl Payments {
     async fn new(pool: PgPool) -> Self {
+        Self::with_args(pool, &[]).await
+    }
+
+    async fn with_args(pool: PgPool, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let schema = json!({"type": "object", "required": ["amount", "to"], "properties": {
             "amount": {"type": "integer"}, "to": {"type": "string"}}});
@@ -32,7 +36,9 @@ impl Payments {
                 "#!/bin/sh\ninput=$(cat)\necho \"$input\" >> \"$(dirname \"$0\")/runs.log\"\nprintf '{\"sent\":%s}' \"$input\"\n",
             )],
         );
-        let app = TestApp::with(pool, dir.path(), None, &["--script-sandbox", "off"]).await;
+        let mut args = vec!["--script-sandbox", "off"];
+        args.extend_from_slice(extra);
+        let app = TestApp::with(pool, dir.path(), None, &args).await;
         let token = app.agent("payer", &["payments"]).await;
         Self { dir, app, token }
     }
@@ -350,6 +356,10 @@ async fn nobody_approves_their_own_call_or_one_they_are_not_an_approver_of(pool:
     assert_eq!(own.status, StatusCode::BAD_REQUEST, "{}", own.text);
     assert!(own.text.contains("own identity"), "{}", own.text);
     let mut victor = Browser::signed_in_existing(&p.app, "victor", PASSWORD).await;
+    // Not his to decide: not shown to him (nor its arguments).
+    let inbox = victor.get("/admin/approvals").await;
+    assert_eq!(inbox.status, StatusCode::OK, "{}", inbox.text);
+    assert!(!inbox.text.contains(&id), "{}", inbox.text);
     let outsider = victor
         .submit(
             "/admin/approvals",
@@ -501,6 +511,236 @@ async fn approval_rules_round_trip_through_policy_files_and_bad_ones_are_refused
         "{}",
         agent.text
     );
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn approvers_are_told_by_a_signed_webhook_retried_until_it_lands(pool: PgPool) {
+    use axum::extract::State as Shared;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // A receiver that fails the first delivery: the gateway must try again.
+    type Delivery = (http::HeaderMap, String);
+    type Receiver = (
+        tokio::sync::mpsc::UnboundedSender<Delivery>,
+        Arc<AtomicUsize>,
+    );
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Delivery>();
+    let tries = Arc::new(AtomicUsize::new(0));
+    let receiver =
+        axum::Router::new()
+            .route(
+                "/hook",
+                axum::routing::post(
+                    |Shared((tx, tries)): Shared<Receiver>,
+                     headers: http::HeaderMap,
+                     body: String| async move {
+                        let _ = tx.send((headers, body));
+                        if tries.fetch_add(1, Ordering::SeqCst) == 0 {
+                            StatusCode::INTERNAL_SERVER_ERROR
+                        } else {
+                            StatusCode::OK
+                        }
+                    },
+                ),
+            )
+            .with_state((tx, tries.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, receiver).await });
+    let hook = format!("finance=http://127.0.0.1:{port}/hook");
+    let p = Payments::with_args(
+        pool,
+        &[
+            "--approval-webhook",
+            &hook,
+            "--approval-webhook-secret",
+            "s3cret",
+        ],
+    )
+    .await;
+    p.rule(json!({"approvers": ["finance"]})).await;
+    let asked = p
+        .rest(&p.token, json!({"amount": 9, "to": "<@channel> mallory"}))
+        .await;
+    let id = asked.body["approval"].as_str().unwrap().to_owned();
+
+    let wait = std::time::Duration::from_secs(15);
+    let (_, first) = tokio::time::timeout(wait, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let (headers, second) = tokio::time::timeout(wait, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first, second, "the retry sends the same body");
+    let body: Value = serde_json::from_str(&second).unwrap();
+    assert_eq!(body["approval"]["id"], id.as_str());
+    let text = body["text"].as_str().unwrap();
+    assert!(
+        text.contains("payments__transfer")
+            && text.contains(&format!("/admin/approvals#approval-{id}")),
+        "{text}"
+    );
+    assert!(
+        !second.contains("mallory"),
+        "the agent's arguments stay out of chats: {second}"
+    );
+    // The signature covers the time and the body, with the shared secret.
+    let sig = headers["x-toolgate-signature"].to_str().unwrap();
+    let (t, v1) = sig
+        .strip_prefix("t=")
+        .and_then(|r| r.split_once(",v1="))
+        .unwrap();
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"s3cret");
+    ring::hmac::verify(
+        &key,
+        format!("{t}.{second}").as_bytes(),
+        &hex::decode(v1).unwrap(),
+    )
+    .expect("the signature verifies");
+    assert!(
+        ring::hmac::verify(
+            &key,
+            format!("{t}.{second} ").as_bytes(),
+            &hex::decode(v1).unwrap()
+        )
+        .is_err()
+    );
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn an_agent_cannot_fill_the_inbox(pool: PgPool) {
+    let p = Payments::new(pool).await;
+    p.rule(json!({"approvers": ["admin"]})).await;
+    for amount in 0..100 {
+        let r = p.rest(&p.token, json!({"amount": amount, "to": "x"})).await;
+        assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    }
+    let r = p.rest(&p.token, json!({"amount": 100, "to": "x"})).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert!(r.text.contains("already wait for approval"), "{}", r.text);
+    // Arguments too large to keep are refused the same way, before anything is stored.
+    let big = "x".repeat(300 * 1024);
+    let other = p.app.agent("other", &["payments"]).await;
+    p.app
+        .admin(
+            "PUT",
+            "/api/v1/agents/other/approval/payments",
+            Some(json!({"approvers": ["admin"]})),
+        )
+        .await;
+    let r = p.rest(&other, json!({"amount": 1, "to": big})).await;
+    assert_eq!(
+        r.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        &r.text[..200.min(r.text.len())]
+    );
+    assert!(p.runs().is_empty());
+}
+
+/// A 2026-07-28 request declaring the tasks extension.
+async fn modern(
+    app: &TestApp,
+    token: &str,
+    method: &str,
+    name: &str,
+    mut params: Value,
+) -> crate::helpers::Reply {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+    });
+    app.send(
+        http::Request::post("/mcp")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", method)
+            .header("mcp-name", name)
+            .header("authorization", format!("Bearer {token}"))
+            .body(axum::body::Body::from(
+                json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string(),
+            ))
+            .unwrap(),
+    )
+    .await
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_modern_client_with_tasks_polls_a_task_to_the_result_or_the_refusal(pool: PgPool) {
+    let p = Payments::new(pool).await;
+    p.rule(json!({"approvers": ["admin"]})).await;
+    let call = |amount: i64| json!({"name": "payments__transfer", "arguments": {"amount": amount, "to": "erin"}});
+    let r = modern(
+        &p.app,
+        &p.token,
+        "tools/call",
+        "payments__transfer",
+        call(1),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let created = &r.body["result"];
+    assert_eq!(created["resultType"], "task", "{}", r.text);
+    assert_eq!(created["status"], "working", "{}", r.text);
+    let task = created["taskId"].as_str().unwrap().to_owned();
+
+    let get = |id: String| {
+        let app = &p.app;
+        let token = p.token.clone();
+        async move { modern(app, &token, "tasks/get", &id, json!({"taskId": id})).await }
+    };
+    let waiting = get(task.clone()).await;
+    assert_eq!(
+        waiting.body["result"]["status"], "working",
+        "{}",
+        waiting.text
+    );
+    // Bound to its caller: another agent's token reads an unknown task.
+    let other = p.app.agent("other", &["payments"]).await;
+    let theirs = modern(&p.app, &other, "tasks/get", &task, json!({"taskId": task})).await;
+    assert!(theirs.body["error"].is_object(), "{}", theirs.text);
+
+    p.app
+        .admin("POST", &format!("/api/v1/approvals/{task}/approve"), None)
+        .await;
+    until(
+        std::time::Duration::from_secs(10),
+        "the task completed",
+        || async { get(task.clone()).await.body["result"]["status"] == "completed" },
+    )
+    .await;
+    let done = get(task.clone()).await;
+    assert_eq!(
+        done.body["result"]["result"]["structuredContent"]["sent"]["amount"], 1,
+        "{}",
+        done.text
+    );
+    assert_eq!(p.runs().len(), 1);
+
+    // A denied task fails with the approver's reason, and never runs.
+    let r = modern(
+        &p.app,
+        &p.token,
+        "tools/call",
+        "payments__transfer",
+        call(2),
+    )
+    .await;
+    let denied = r.body["result"]["taskId"].as_str().unwrap().to_owned();
+    p.app
+        .admin(
+            "POST",
+            &format!("/api/v1/approvals/{denied}/deny"),
+            Some(json!({"reason": "wrong payee"})),
+        )
+        .await;
+    let failed = get(denied).await;
+    assert_eq!(failed.body["result"]["status"], "failed", "{}", failed.text);
+    assert!(failed.text.contains("wrong payee"), "{}", failed.text);
+    assert_eq!(p.runs().len(), 1);
 }
 
 fn urlencoding(s: &str) -> String {
