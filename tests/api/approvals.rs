@@ -743,6 +743,73 @@ async fn a_modern_client_with_tasks_polls_a_task_to_the_result_or_the_refusal(po
     assert_eq!(p.runs().len(), 1);
 }
 
+/// What approval rules add to a call that needs no approval: the same `#!/bin/sh cat` tool
+/// called in turns by an agent with rules (one whose `when` does not match this call, one on
+/// another tool) and by one without, through the in-process router (audit on, sandbox off), p50
+/// of each. A measurement, not a timed test:
+/// `cargo nextest run --run-ignored only -E 'test(approval_check_cost)' --no-capture`.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+#[ignore = "a measurement; run on demand"]
+async fn approval_check_cost(pool: PgPool) {
+    let tools = tempfile::tempdir().unwrap();
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+    write_group(
+        tools.path(),
+        "bench",
+        &single_op("echo", schema.clone(), json!({})),
+        &[("echo.sh", "#!/bin/sh\ncat\n")],
+    );
+    write_group(
+        tools.path(),
+        "other",
+        &single_op("op", schema, json!({})),
+        &[("op.sh", "#!/bin/sh\ncat\n")],
+    );
+    let app = TestApp::with(pool, tools.path(), None, &["--script-sandbox", "off"]).await;
+    let ruled = app.agent("ruled", &["bench", "other"]).await;
+    let free = app.agent("free", &["bench", "other"]).await;
+    for (target, rule) in [
+        (
+            "bench__echo",
+            json!({"when": {"n": {"minimum": 1000}}, "approvers": ["admin"]}),
+        ),
+        ("other", json!({"approvers": ["admin"]})),
+    ] {
+        let r = app
+            .admin(
+                "PUT",
+                &format!("/api/v1/agents/ruled/approval/{target}"),
+                Some(rule),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    }
+    let args = json!({"n": 7});
+    let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..420 {
+        for (i, token) in [&ruled, &free].into_iter().enumerate() {
+            let t = std::time::Instant::now();
+            let r = app
+                .post_json("/tools/bench/echo", Some(token), args.clone())
+                .await;
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+            if round >= 20 {
+                times[i].push(us);
+            }
+        }
+    }
+    let p = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * q) as usize]
+    };
+    let (r50, f50) = (p(&mut times[0], 0.5), p(&mut times[1], 0.5));
+    println!(
+        "call p50: with approval rules that do not ask {r50:.0} µs, without rules {f50:.0} µs; ratio {:.3}",
+        r50 / f50
+    );
+}
+
 fn urlencoding(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }

@@ -18,6 +18,9 @@ Checks, each one PASS/FAIL line (SKIP lines say loudly what was not checked and 
   instances, at most burst + 1 allowed (needs the Redis counters: `--redis-limits 1`);
 - a private_key_jwt assertion used through A is refused when replayed through B (needs the
   shared assertion ids: `--shared-replay 1`);
+- a call that needs approval, asked through A and approved through B's admin API, runs once
+  however its identical retries race on A and B (one retry is given the result; the audit log
+  has one run linked to the approval);
 - B killed with -9 under load: the clients retry what failed and every call completes,
   `toolgate audit verify` passes, and every call that ran has its `started` row in PostgreSQL.
 
@@ -280,6 +283,50 @@ def psql_json(database_url: str, sql: str) -> Any:
     return json.loads(out.stdout)
 
 
+async def approval_across_instances(a: Instance, b: Instance, token: str, agent: str, database_url: str) -> None:
+    """Asked on A, approved through B, retried on both at once: one run."""
+    tool = "text__wordcount"
+    await a.api("PUT", f"/api/v1/agents/{agent}/approval/{tool}", {"approvers": ["admin"]})
+    try:
+
+        async def b_has_rule() -> bool:
+            r = await b.http.get(f"{b.base}/api/v1/agents/{agent}", headers=b.admin)
+            return r.status_code == 200 and bool(r.json()["agent"].get("approvals"))
+
+        expect(await until(b_has_rule, 5) is not None, "B never saw the approval rule")
+        args = {"name": tool, "arguments": {"text": f"approve me once {uuid.uuid4()}"}}
+        approval = ""
+        async with check("approval: a call asked through A waits, with the request in _meta"):
+            _, body = await a.rpc(token, "tools/call", args)
+            meta = (body["result"].get("_meta") or {}).get("io.toolgate/approval") or {}
+            approval = meta.get("id", "")
+            expect(body["result"].get("isError") is True and approval, json.dumps(body)[:400])
+        async with check("approval: approved through B's admin API, it runs once, its retries racing on A and B"):
+            await b.api("POST", f"/api/v1/approvals/{approval}/approve", {"reason": "cluster"})
+
+            async def done() -> bool:
+                r = await a.http.get(f"{a.base}/api/v1/approvals/{approval}", headers=a.admin)
+                return r.json()["approval"]["state"] == "done"
+
+            expect(await until(done, 10) is not None, "the approved call did not run within 10 s")
+            replies = await asyncio.gather(*(i.rpc(token, "tools/call", args) for i in (a, b, a, b, a, b)))
+            given = [body for _, body in replies if body["result"].get("isError") is False]
+            expect(len(given) == 1, f"{len(given)} retries were given the result: {[json.dumps(b)[:200] for _, b in replies]}")
+            runs = psql_json(
+                database_url,
+                "SELECT id FROM audit_events WHERE event_type = 'tool.call' AND outcome = 'started' "
+                f"AND details::jsonb ->> 'approval' = '{approval}'",
+            )
+            expect(len(runs) == 1, f"{len(runs)} runs on record for approval {approval}")
+    finally:
+        await a.api("DELETE", f"/api/v1/agents/{agent}/approval/{tool}", ok=(204, 404))
+        # The losing retries asked anew: decided, so that nothing of this check waits.
+        pending = (await a.api("GET", "/api/v1/approvals?state=pending"))["approvals"]
+        for r in pending:
+            if r["agent"] == agent:
+                await a.api("POST", f"/api/v1/approvals/{r['id']}/deny", {"reason": "cluster test over"}, ok=(200, 409))
+
+
 async def kill_under_load(lb: Instance, token: str, agent: str, args: argparse.Namespace) -> None:
     workers, per_worker, kill_after = 4, 15, 15
     done, failed_attempts, killed_at = [0], [0], [None]
@@ -423,6 +470,10 @@ async def main() -> int:
             await replay(a, b, lb, agent, bool(args.shared_replay))
         except Exception as e:  # noqa: BLE001
             R.fail("assertion replay: setup", describe(e))
+        try:
+            await approval_across_instances(a, b, token, agent, args.database_url)
+        except Exception as e:  # noqa: BLE001
+            R.fail("approval across instances: setup", describe(e))
         await kill_under_load(lb, token, agent, args)
     finally:
         for i in (lb, a, b):
