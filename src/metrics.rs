@@ -54,6 +54,8 @@ pub struct Metrics {
     pub approvals_pending: IntGauge,
     /// Time from request to decision.
     pub approval_decision_seconds: prometheus::Histogram,
+    /// Approval rules that match no tool or whose `when` never triggers.
+    pub approval_rule_problems: IntGauge,
     /// Approval webhooks by how they ended (`delivered`, `failed` after every retry).
     pub approval_webhooks: IntCounterVec,
     pub pool_load_errors: IntGauge,
@@ -217,6 +219,11 @@ impl Metrics {
             ]),
         )
         .unwrap_or_else(|_| unreachable_metric());
+        let approval_rule_problems = IntGauge::new(
+            "approval_rule_problems",
+            "Approval rules that match no tool or never trigger",
+        )
+        .unwrap_or_else(|_| unreachable_metric());
         let approval_webhooks = IntCounterVec::new(
             Opts::new(
                 "approval_webhooks_total",
@@ -228,6 +235,7 @@ impl Metrics {
         for c in [
             Box::new(http_requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(approval_webhooks.clone()),
+            Box::new(approval_rule_problems.clone()),
             Box::new(approvals.clone()),
             Box::new(approvals_pending.clone()),
             Box::new(approval_decision_seconds.clone()),
@@ -275,6 +283,7 @@ impl Metrics {
             approvals_pending,
             approval_decision_seconds,
             approval_webhooks,
+            approval_rule_problems,
             pool_load_errors,
             zero_match_grants,
             agents_without_tools,

@@ -329,6 +329,17 @@ impl AppState {
             .argument_rule_problems
             .set(snap.argument_problem_count() as i64);
         self.metrics.tools_held.set(snap.held_count() as i64);
+        // Those the snapshot can tell (no tool matched, a `when` that never triggers); an
+        // approver nobody is needs the accounts, and shows in the API and the UI.
+        self.metrics.approval_rule_problems.set(
+            snap.agents()
+                .iter()
+                .filter(|a| !a.record.approvals.is_empty())
+                .map(|a| {
+                    crate::policy::approvals::problems(&a.record.approvals, &a.visible, None).len()
+                })
+                .sum::<usize>() as i64,
+        );
     }
 }
 

@@ -202,6 +202,10 @@ struct AgentPage {
     rule_flags: Vec<super::dashboard::RuleFlag>,
     /// Argument rules: (target, rules as JSON).
     arguments: Vec<(String, String)>,
+    /// Approval rules: (target, rule as JSON).
+    approvals: Vec<(String, String)>,
+    /// Approval rules that never trigger or that nobody can decide.
+    approval_problems: Vec<crate::policy::approvals::ApprovalProblem>,
     tools: Vec<ToolRow>,
     cost: CostView,
     limits: Vec<LimitRow>,
@@ -269,8 +273,16 @@ pub async fn show(
         crate::db::rollups::Scope::Agent(name.clone()),
     )
     .await?;
+    let approval_problems = service::approvals::problems(&state, &name).await?;
     let page = AgentPage {
         activity,
+        approvals: agent
+            .record
+            .approvals
+            .iter()
+            .map(|r| (r.target.clone(), r.to_value().to_string()))
+            .collect(),
+        approval_problems,
         page: ctx.page(Nav::Agents, format!("Agent {name}")),
         managed: agent.record.managed.is_some(),
         editable: ctx.role().can_edit() && agent.record.managed.is_none(),
@@ -451,5 +463,86 @@ pub async fn revoke_client(
         &state,
         &format!("/admin/agents/{agent}"),
         Flash::ok(format!("Revoked client `{client_id}`.")),
+    ))
+}
+
+#[derive(Deserialize)]
+pub struct ApprovalForm {
+    #[serde(default)]
+    target: String,
+    #[serde(default)]
+    approvers: String,
+    #[serde(default)]
+    ttl: String,
+    /// Optional: `{"amount": {"exclusiveMinimum": 1000}}`.
+    #[serde(default)]
+    when: String,
+}
+
+/// Sets an approval rule from the agent page's form.
+pub async fn set_approval(
+    State(state): State<WebState>,
+    ctx: Ctx,
+    Path(name): Path<String>,
+    Form(form): Form<ApprovalForm>,
+) -> Result<Response, WebError> {
+    let mut rule = serde_json::Map::new();
+    let approvers: Vec<&str> = form
+        .approvers
+        .split([',', ' '])
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    rule.insert("approvers".into(), serde_json::json!(approvers));
+    if !form.ttl.trim().is_empty() {
+        rule.insert("ttl".into(), serde_json::json!(form.ttl.trim()));
+    }
+    if !form.when.trim().is_empty() {
+        let when: serde_json::Value = serde_json::from_str(&form.when)
+            .map_err(|e| WebError::BadRequest(format!("`when` must be JSON: {e}")))?;
+        rule.insert("when".into(), when);
+    }
+    let set = service::approvals::set_rule(
+        &state,
+        &ctx.admin.actor(),
+        &name,
+        form.target.trim(),
+        &serde_json::Value::Object(rule),
+    )
+    .await?;
+    let flash = match set.problems.first() {
+        Some(p) => Flash::warn(format!("Saved, but: {}", p.message)),
+        None => Flash::ok(format!(
+            "Calls of `{}` by `{name}` now wait for approval.",
+            set.rule.target
+        )),
+    };
+    Ok(redirect_with(
+        &state,
+        &format!("/admin/agents/{name}"),
+        flash,
+    ))
+}
+
+#[derive(Deserialize)]
+pub struct RemoveApprovalForm {
+    #[serde(default)]
+    target: String,
+}
+
+pub async fn remove_approval(
+    State(state): State<WebState>,
+    ctx: Ctx,
+    Path(name): Path<String>,
+    Form(form): Form<RemoveApprovalForm>,
+) -> Result<Response, WebError> {
+    service::approvals::delete_rule(&state, &ctx.admin.actor(), &name, &form.target).await?;
+    Ok(redirect_with(
+        &state,
+        &format!("/admin/agents/{name}"),
+        Flash::warn(format!(
+            "Calls of `{}` by `{name}` no longer wait for approval.",
+            form.target
+        )),
     ))
 }

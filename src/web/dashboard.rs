@@ -109,6 +109,8 @@ struct DashboardPage {
     zero_match: Vec<ZeroMatch>,
     blind: Vec<Blind>,
     rule_flags: Vec<RuleFlag>,
+    /// Approval rules that never trigger or that nobody can decide: (agent, problem).
+    approval_flags: Vec<(String, crate::policy::approvals::ApprovalProblem)>,
     broken: Vec<Broken>,
     agents: usize,
     groups: usize,
@@ -178,7 +180,14 @@ pub async fn show(
             None
         }
     };
+    let mut approval_flags = Vec::new();
+    for a in summaries.iter().filter(|a| !a.approvals.is_empty()) {
+        for p in service::approvals::problems(&state, &a.name).await? {
+            approval_flags.push((a.name.clone(), p));
+        }
+    }
     let page = DashboardPage {
+        approval_flags,
         page: ctx.page(Nav::Dashboard, "Dashboard"),
         zero_match,
         blind,

@@ -116,6 +116,14 @@ pub fn router<S>(app: AppState, config: Config) -> Router<S> {
             get(arguments::edit).post(arguments::submit),
         )
         .route(
+            "/agents/{name}/approval",
+            axum::routing::post(agents::set_approval),
+        )
+        .route(
+            "/agents/{name}/approval/remove",
+            axum::routing::post(agents::remove_approval),
+        )
+        .route(
             "/clients/{client_id}/revoke",
             get(agents::confirm_revoke_client).post(agents::revoke_client),
         )

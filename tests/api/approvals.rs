@@ -383,6 +383,101 @@ async fn nobody_approves_their_own_call_or_one_they_are_not_an_approver_of(pool:
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn an_admin_sets_and_removes_an_approval_rule_on_the_agent_page(pool: PgPool) {
+    let p = Payments::new(pool).await;
+    let mut ada = Browser::signed_in(&p.app, "ada", "admin").await;
+    let page = "/admin/agents/payer";
+    let saved = ada
+        .submit(
+            page,
+            "/admin/agents/payer/approval",
+            &[
+                ("target", "payments__transfer"),
+                ("approvers", "finance, admin"),
+                ("ttl", "2h"),
+                ("when", r#"{"amount": {"exclusiveMinimum": 1000}}"#),
+            ],
+        )
+        .await;
+    assert_eq!(saved.status, StatusCode::SEE_OTHER, "{}", saved.text);
+    let shown = ada.get(page).await;
+    assert!(
+        shown
+            .text
+            .contains("data-approval-rule=\"payments__transfer\""),
+        "{}",
+        shown.text
+    );
+    // Nobody is in `finance`: flagged on the page and the dashboard, like a grant that
+    // matches nothing.
+    assert!(
+        shown.text.contains("no enabled account is `finance`"),
+        "{}",
+        shown.text
+    );
+    let dashboard = ada.get("/admin").await;
+    assert!(
+        dashboard.text.contains("data-problem=\"approval-rule\""),
+        "{}",
+        dashboard.text
+    );
+    // One on a group it is not granted never triggers: counted in the metrics too.
+    let r = p
+        .app
+        .admin(
+            "PUT",
+            "/api/v1/agents/payer/approval/nowhere",
+            Some(json!({"approvers": ["admin"]})),
+        )
+        .await;
+    assert!(r.text.contains("never triggers"), "{}", r.text);
+    let metrics = p.app.get("/metrics", None).await;
+    assert!(
+        metrics.text.contains("toolgate_approval_rule_problems 1"),
+        "{}",
+        metrics.text
+    );
+    p.app
+        .admin("DELETE", "/api/v1/agents/payer/approval/nowhere", None)
+        .await;
+    let agent = p.app.admin("GET", "/api/v1/agents/payer", None).await;
+    assert_eq!(
+        agent.body["agent"]["approvals"][0]["ttl"], "2h",
+        "{}",
+        agent.text
+    );
+    assert_eq!(
+        agent.body["agent"]["approvals"][0]["when"]["amount"]["exclusiveMinimum"], 1000,
+        "{}",
+        agent.text
+    );
+    // A malformed rule is refused with what is wrong.
+    let bad = ada
+        .submit(
+            page,
+            "/admin/agents/payer/approval",
+            &[("target", "payments__transfer"), ("approvers", "")],
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.text);
+    let removed = ada
+        .submit(
+            page,
+            "/admin/agents/payer/approval/remove",
+            &[("target", "payments__transfer")],
+        )
+        .await;
+    assert_eq!(removed.status, StatusCode::SEE_OTHER, "{}", removed.text);
+    let agent = p.app.admin("GET", "/api/v1/agents/payer", None).await;
+    assert_eq!(
+        agent.body["agent"]["approvals"],
+        json!([]),
+        "{}",
+        agent.text
+    );
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn an_expired_request_never_runs_and_is_on_record(pool: PgPool) {
     let p = Payments::new(pool).await;
     p.rule(json!({"approvers": ["admin"], "ttl": "1m"})).await;
