@@ -66,12 +66,12 @@ CREATE INDEX approval_requests_pending_idx
     ON approval_requests (expires_at) WHERE state = 'pending';
 CREATE INDEX approval_requests_state_idx ON approval_requests (state, requested_at DESC);
 
--- Decisions reach every instance at once (a held call wakes, a task moves on).
-CREATE FUNCTION toolgate_notify_approval() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('toolgate_approval', NEW.id::text);
-    RETURN NULL;
-END $$;
+-- Decisions need no notification: every instance reads a request from here when its caller
+-- comes back, so a decision made on one is seen on all at once.
 
-CREATE TRIGGER approval_requests_notify AFTER UPDATE OF state ON approval_requests
-    FOR EACH ROW EXECUTE FUNCTION toolgate_notify_approval();
+-- What the last `policy apply` wrote includes approval rules: one added in the admin UI or
+-- the API is kept by the next apply (removing it would let calls run unapproved) unless
+-- `--prune`.
+ALTER TABLE policy_applied DROP CONSTRAINT policy_applied_kind_check;
+ALTER TABLE policy_applied ADD CONSTRAINT policy_applied_kind_check
+    CHECK (kind IN ('agent', 'grant', 'user', 'approval'));

@@ -349,6 +349,7 @@ async fn delete_approval(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ApprovalQuery {
     /// `pending`, `granted`, `denied`, `expired`, `running`, `done` or `failed`.
     state: Option<String>,

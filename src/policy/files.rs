@@ -1021,6 +1021,7 @@ pub struct Applied {
     agents: BTreeSet<String>,
     grants: BTreeSet<(String, String)>,
     users: BTreeSet<(String, String)>,
+    approvals: BTreeSet<(String, String)>,
 }
 
 impl Applied {
@@ -1036,6 +1037,9 @@ impl Applied {
                 }
                 "user" => {
                     out.users.insert((agent.clone(), value.clone()));
+                }
+                "approval" => {
+                    out.approvals.insert((agent.clone(), value.clone()));
                 }
                 _ => {}
             }
@@ -1054,6 +1058,9 @@ impl Applied {
             for u in &a.front.users {
                 rows.push((a.name.clone(), "user".to_owned(), u.clone()));
             }
+            for t in a.front.approval.keys() {
+                rows.push((a.name.clone(), "approval".to_owned(), t.clone()));
+            }
         }
         rows
     }
@@ -1070,6 +1077,11 @@ pub enum Kept {
         agent: String,
         target: String,
     },
+    /// An approval rule: removing it would let calls run unapproved.
+    Approval {
+        agent: String,
+        target: String,
+    },
     /// `live`: the person's live host authorizations for the agent, which `--prune` revokes.
     User {
         agent: String,
@@ -1083,6 +1095,7 @@ impl fmt::Display for Kept {
         match self {
             Kept::Agent { name } => write!(f, "kept agent {name}"),
             Kept::Grant { agent, target } => write!(f, "kept grant {agent} -> {target}"),
+            Kept::Approval { agent, target } => write!(f, "kept approval {agent} -> {target}"),
             Kept::User { agent, user, .. } => write!(f, "kept user {agent} -> {user}"),
         }?;
         write!(f, " (added outside the files; --prune removes it")?;
@@ -1139,6 +1152,11 @@ pub fn hold_back(changes: Vec<Change>, applied: &Applied, prune: bool) -> (Vec<C
                 if !applied.grants.contains(&(agent.clone(), target.clone())) =>
             {
                 kept.push(Kept::Grant { agent, target });
+            }
+            Change::DeleteApproval { agent, target }
+                if !applied.approvals.contains(&(agent.clone(), target.clone())) =>
+            {
+                kept.push(Kept::Approval { agent, target });
             }
             Change::SetUsers {
                 agent,

@@ -606,6 +606,58 @@ async fn approval_rules_round_trip_through_policy_files_and_bad_ones_are_refused
         "{}",
         agent.text
     );
+
+    // One added through the API since is kept by the next apply (removing it would let
+    // calls run unapproved), and said so; `--prune` removes it.
+    let r = p
+        .app
+        .admin(
+            "PUT",
+            "/api/v1/agents/payer/approval/@destructive",
+            Some(json!({"approvers": ["admin"]})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let apply = |prune: bool| {
+        let (pool, dir, catalog) = (pool.clone(), out.path().to_owned(), catalog.clone());
+        async move {
+            toolgate::policy::files::apply_dir(&pool, &dir, &catalog, "test", false, false, prune)
+                .await
+                .unwrap()
+        }
+    };
+    let report = apply(false).await;
+    assert!(report.changes.is_empty(), "{:?}", report.changes);
+    assert_eq!(
+        report
+            .kept
+            .iter()
+            .map(|k| k.to_string())
+            .collect::<Vec<_>>(),
+        vec!["kept approval payer -> @destructive (added outside the files; --prune removes it)"]
+    );
+    let report = apply(true).await;
+    assert_eq!(report.changes.len(), 1, "{:?}", report.changes);
+    // One the files wrote and then dropped goes without `--prune`.
+    let md = std::fs::read_to_string(out.path().join("agents/payer/agent.md")).unwrap();
+    let (front, rest) = md.split_at(md.find("approval:").unwrap());
+    let after: String = rest
+        .lines()
+        .skip(1)
+        .skip_while(|l| l.starts_with(' '))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let without = format!("{front}{after}");
+    std::fs::write(out.path().join("agents/payer/agent.md"), &without).unwrap();
+    let report = apply(false).await;
+    assert!(
+        report
+            .changes
+            .iter()
+            .any(|c| c.to_string() == "- approval payer -> payments__transfer"),
+        "{without}\n{:?}",
+        report.changes
+    );
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
