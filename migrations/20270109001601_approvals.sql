@@ -59,9 +59,12 @@ CREATE TABLE approval_requests (
     delivered_at       TIMESTAMPTZ
 );
 
--- A caller's retry finds its request by the binding.
-CREATE INDEX approval_requests_binding_idx
-    ON approval_requests (agent, tool, arguments_sha256) WHERE delivered_at IS NULL;
+-- A caller's retry finds its request by the binding, and there is at most one open request
+-- per binding: identical calls racing make one request, never one each.
+CREATE UNIQUE INDEX approval_requests_binding_idx
+    ON approval_requests (agent, client_id, coalesce(person, ''), tool, arguments_sha256,
+                          definition_sha256, rule_sha256)
+    WHERE delivered_at IS NULL;
 CREATE INDEX approval_requests_pending_idx
     ON approval_requests (expires_at) WHERE state = 'pending';
 CREATE INDEX approval_requests_state_idx ON approval_requests (state, requested_at DESC);

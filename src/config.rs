@@ -450,6 +450,15 @@ pub struct OidcArgs {
         value_delimiter = ','
     )]
     pub oidc_role_map: Vec<String>,
+    /// `claim-value=approver-set` pairs, read from the same claim as roles: at each sign-in
+    /// the account's approver sets become those its values map to (the provider is the
+    /// source). Without it, approver sets are set through the API only.
+    #[arg(
+        long = "oidc-approver-map",
+        env = "TOOLGATE_OIDC_APPROVER_MAP",
+        value_delimiter = ','
+    )]
+    pub oidc_approver_map: Vec<String>,
 }
 
 /// What a client that has proved nothing may hold: time to send a request, connections, and

@@ -819,11 +819,43 @@ pub async fn run_granted(
         Surface::Mcp
     };
     let gate = Gate::new(state, &principal, surface, None);
+    // Checked again now, as any call is: the caller's credential and the rule still stand,
+    // the tool is still granted with the definition approved, the arguments are those whose
+    // digest the approver was shown and pass the tool's schema and the agent's argument
+    // rules as they are now.
     let ran = match gate.resolve(&row.tool) {
+        _ if approvals::stale(gate.snapshot(), &row).is_some() => {
+            Err(approvals::stale(gate.snapshot(), &row)
+                .unwrap_or_default()
+                .to_owned())
+        }
+        _ if approvals::arguments_sha256(&args) != row.arguments_sha256 => Err(
+            "the stored arguments are not those approved (their digest differs); not run"
+                .to_owned(),
+        ),
         None => Err("the tool is no longer granted to this agent".to_owned()),
         Some(tool) if tool.content_hash.hex() != row.definition_sha256 => Err(
             "the tool's definition changed since the request; call again to ask anew".to_owned(),
         ),
+        Some(tool) if !tool.violations(&args).is_empty() => Err(tool.violations(&args).join("; ")),
+        Some(tool)
+            if tool
+                .narrowing
+                .as_ref()
+                .is_some_and(|n| !n.refusals(&args).is_empty()) =>
+        {
+            Err(tool
+                .narrowing
+                .as_ref()
+                .map(|n| {
+                    n.refusals(&args)
+                        .into_iter()
+                        .flat_map(|(_, lines)| lines)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                })
+                .unwrap_or_default())
+        }
         Some(tool) => match gate.run_approved(tool, args, row.id).await {
             Ok(done) => Ok((
                 serde_json::to_value(&done.outcome).unwrap_or_default(),
@@ -857,6 +889,7 @@ pub fn spawn_approval_sweeper(state: AppState) {
                 }
             }
             let _ = approvals::count_pending(&state).await;
+            let _ = approvals::purge(&state).await;
         }
     });
 }

@@ -40,6 +40,7 @@ fn user_json(a: &crate::db::accounts::Account) -> Value {
         "created_at": a.created_at,
         "last_sign_in_at": a.last_sign_in_at,
         "sessions": a.sessions,
+        "approver_sets": a.approver_sets,
     })
 }
 

@@ -27,6 +27,8 @@ pub struct Account {
     pub last_sign_in_at: Option<DateTime<Utc>>,
     /// Live sessions (not expired; the idle timeout is not applied here).
     pub sessions: i64,
+    /// The approver sets this person belongs to, beside their role.
+    pub approver_sets: Vec<String>,
 }
 
 /// `SELECT`s [`Account`]s, the rest of the query (`$rest`: a string literal) saying which. A
@@ -40,7 +42,8 @@ macro_rules! select_accounts {
                    u.oidc_issuer, u.password_hash IS NOT NULL AS "has_password!", u.created_at,
                    u.last_sign_in_at,
                    (SELECT count(*) FROM admin_sessions s
-                    WHERE s.user_id = u.id AND s.expires_at > now()) AS "sessions!"
+                    WHERE s.user_id = u.id AND s.expires_at > now()) AS "sessions!",
+                   u.approver_sets
                FROM admin_users u "# + $rest
             $(, $arg)*
         )

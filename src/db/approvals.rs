@@ -76,13 +76,28 @@ macro_rules! row_query {
     };
 }
 
-pub async fn insert(conn: &mut PgConnection, r: &NewRequest) -> sqlx::Result<ApprovalRow> {
+/// Serialises the requests of one agent for the rest of the transaction: its count of waiting
+/// requests is then exact when a new one is added.
+pub async fn lock_agent(conn: &mut PgConnection, agent: &str) -> sqlx::Result<()> {
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock(hashtext('toolgate.approvals:' || $1::text))",
+        agent
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Adds a request; `None` when an open one for the same binding exists already (an identical
+/// call raced this one).
+pub async fn insert(conn: &mut PgConnection, r: &NewRequest) -> sqlx::Result<Option<ApprovalRow>> {
     row_query!(
         r#"INSERT INTO approval_requests
             (id, state, agent, person, client_id, jti, scope, surface, tool, arguments_sha256,
              definition_sha256, rule_sha256, rule_target, approvers, arguments, shown_arguments,
              expires_at)
          VALUES ($1, 'pending', $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+         ON CONFLICT DO NOTHING
          RETURNING id, state, agent, person, client_id, jti, scope, surface, tool,
              arguments_sha256, definition_sha256, rule_sha256, rule_target, approvers,
              shown_arguments, requested_at, expires_at, decided_at, decided_by, reason,
@@ -104,7 +119,7 @@ pub async fn insert(conn: &mut PgConnection, r: &NewRequest) -> sqlx::Result<App
         r.shown_arguments,
         r.expires_at,
     )
-    .fetch_one(conn)
+    .fetch_optional(conn)
     .await
 }
 
@@ -275,6 +290,31 @@ pub async fn pending_count(conn: &mut PgConnection) -> sqlx::Result<i64> {
     sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM approval_requests WHERE state = 'pending'"#)
         .fetch_one(conn)
         .await
+}
+
+/// Removes requests that ended more than `days` ago (their record stays in the audit log).
+pub async fn purge_finished(conn: &mut PgConnection, days: i32) -> sqlx::Result<u64> {
+    Ok(sqlx::query!(
+        "DELETE FROM approval_requests
+         WHERE state IN ('done', 'failed', 'denied', 'expired')
+           AND coalesce(finished_at, decided_at, requested_at) < now() - make_interval(days => $1)",
+        days
+    )
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
+
+/// Whether the audit log holds the grant of request `id`: a row set to `granted` by hand in
+/// the database is not a person's decision.
+pub async fn granted_on_record(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM audit_events
+            WHERE event_type = 'approval.granted' AND resource = $1) AS "on_record!""#,
+        format!("approval:{id}")
+    )
+    .fetch_one(conn)
+    .await
 }
 
 /// How many requests of `agent` wait.

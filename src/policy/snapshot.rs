@@ -540,6 +540,13 @@ impl PolicySnapshot {
         self.authorizations.get(id)
     }
 
+    /// Whether a live authorization lets `username` act as `agent` through `client_id`.
+    pub fn has_authorization(&self, agent: &str, client_id: &str, username: &str) -> bool {
+        self.authorizations
+            .values()
+            .any(|a| a.agent == agent && a.client_id == client_id && a.username == username)
+    }
+
     /// Whether `username` may act as `agent` through an interactive host.
     pub fn may_act_as(&self, username: &str, agent: &str) -> bool {
         self.agents

@@ -25,7 +25,7 @@ use crate::audit::{AuditEvent, EventKind, Outcome as AuditOutcome};
 use crate::db;
 use crate::db::approvals::{ApprovalRow, Binding, NewRequest};
 use crate::policy::approvals::CompiledApproval;
-use crate::policy::snapshot::Principal;
+use crate::policy::snapshot::{PolicySnapshot, Principal};
 use crate::policy::{GrantTarget, TokenScope};
 use crate::pool::Tool;
 use crate::state::AppState;
@@ -158,42 +158,6 @@ pub async fn gatekeep(
         definition_sha256: tool.content_hash.hex(),
         rule_sha256: rule.sha256.clone(),
     };
-    // One connection at a time, each given back before the next is taken: a burst of
-    // retries must not hold the pool while waiting for it.
-    let found = {
-        let mut conn = state.db.acquire().await?;
-        db::approvals::open_for(&mut conn, &binding).await?
-    };
-    if let Some(mut row) = found {
-        if row.state == "pending" && row.expires_at <= chrono::Utc::now() {
-            expire_due(state).await?;
-            let mut conn = state.db.acquire().await?;
-            row = db::approvals::get(&mut conn, row.id).await?.unwrap_or(row);
-        }
-        match row.state.as_str() {
-            "pending" | "granted" | "running" => {
-                return Ok(Gatekeeping::Ticket(Ticket::of(&row, false)));
-            }
-            _ => {
-                // Given once: a racing identical retry that loses goes on to a new request.
-                let delivered = {
-                    let mut conn = state.db.acquire().await?;
-                    db::approvals::deliver(&mut conn, row.id).await?
-                };
-                if delivered {
-                    if row.state == "done"
-                        && let Some(stored) = &row.outcome
-                    {
-                        let outcome = stored["outcome"].clone();
-                        let latency =
-                            Duration::from_micros(stored["latency_us"].as_u64().unwrap_or(0));
-                        return Ok(Gatekeeping::Ran { outcome, latency });
-                    }
-                    return Ok(Gatekeeping::Ticket(Ticket::of(&row, false)));
-                }
-            }
-        }
-    }
     // What an agent can make the database hold: bounded per request and in number.
     if serde_json::to_vec(args).map_or(0, |v| v.len()) > MAX_ARGUMENT_BYTES {
         return Err(ServiceError::Invalid(format!(
@@ -201,19 +165,10 @@ pub async fn gatekeep(
             MAX_ARGUMENT_BYTES / 1024
         )));
     }
-    let waiting = {
-        let mut conn = state.db.acquire().await?;
-        db::approvals::pending_for(&mut conn, &principal.agent).await?
-    };
-    if waiting >= MAX_PENDING_PER_AGENT {
-        return Err(ServiceError::Conflict(format!(
-            "{waiting} calls of this agent already wait for approval; ask an approver to decide them first"
-        )));
-    }
     let ttl = chrono::Duration::from_std(rule.rule.ttl).unwrap_or(chrono::Duration::hours(1));
     let new = NewRequest {
         id: Uuid::now_v7(),
-        binding,
+        binding: binding.clone(),
         jti: principal.jti,
         scope: scope_value(&principal.scope),
         surface: surface.to_owned(),
@@ -223,32 +178,91 @@ pub async fn gatekeep(
         shown_arguments: shown.to_owned(),
         expires_at: chrono::Utc::now() + ttl,
     };
-    let mut tx = state.db.begin().await?;
-    let row = db::approvals::insert(&mut tx, &new).await?;
-    let mut e = event(EventKind::ApprovalRequested, AuditOutcome::Success, &row);
-    e.arguments = Some(shown.to_owned());
-    e.details = Some(
-        json!({
-            "approval": row.id,
-            "rule": row.rule_target,
-            "approvers": row.approvers,
-            "arguments_sha256": row.arguments_sha256,
-            "definition_sha256": row.definition_sha256,
-            "rule_sha256": row.rule_sha256,
-            "expires_at": row.expires_at,
-            "surface": row.surface,
-        })
-        .to_string(),
-    );
-    db::record_changes(&mut tx, vec![e]).await?;
-    tx.commit().await?;
-    state
-        .metrics
-        .approvals
-        .with_label_values(&["requested"])
-        .inc();
-    notify(state, &row);
-    Ok(Gatekeeping::Ticket(Ticket::of(&row, true)))
+    // An identical call racing this one may add the request first (one open request per
+    // binding, by a unique index): then this one finds it on the next round.
+    for _ in 0..3 {
+        if let Some(found) = find(state, &binding).await? {
+            return Ok(found);
+        }
+        let mut tx = state.db.begin().await?;
+        db::approvals::lock_agent(&mut tx, &principal.agent).await?;
+        let waiting = db::approvals::pending_for(&mut tx, &principal.agent).await?;
+        if waiting >= MAX_PENDING_PER_AGENT {
+            return Err(ServiceError::Conflict(format!(
+                "{waiting} calls of this agent already wait for approval; ask an approver to decide them first"
+            )));
+        }
+        let Some(row) = db::approvals::insert(&mut tx, &new).await? else {
+            tx.rollback().await?;
+            continue;
+        };
+        let mut e = event(EventKind::ApprovalRequested, AuditOutcome::Success, &row);
+        e.arguments = Some(shown.to_owned());
+        e.details = Some(
+            json!({
+                "approval": row.id,
+                "rule": row.rule_target,
+                "approvers": row.approvers,
+                "arguments_sha256": row.arguments_sha256,
+                "definition_sha256": row.definition_sha256,
+                "rule_sha256": row.rule_sha256,
+                "expires_at": row.expires_at,
+                "surface": row.surface,
+            })
+            .to_string(),
+        );
+        db::record_changes(&mut tx, vec![e]).await?;
+        tx.commit().await?;
+        state
+            .metrics
+            .approvals
+            .with_label_values(&["requested"])
+            .inc();
+        notify(state, &row);
+        return Ok(Gatekeeping::Ticket(Ticket::of(&row, true)));
+    }
+    Err(ServiceError::Conflict(
+        "identical calls keep racing for approval; retry".into(),
+    ))
+}
+
+/// This caller's open request for exactly this call, as the gate answers it: waiting, or its
+/// outcome given once. `None`: there is none (or another retry was given its outcome), so a
+/// new request is due.
+async fn find(state: &AppState, binding: &Binding) -> Result<Option<Gatekeeping>> {
+    // One connection at a time, each given back before the next is taken: a burst of
+    // retries must not hold the pool while waiting for it.
+    let found = {
+        let mut conn = state.db.acquire().await?;
+        db::approvals::open_for(&mut conn, binding).await?
+    };
+    let Some(mut row) = found else {
+        return Ok(None);
+    };
+    if row.state == "pending" && row.expires_at <= chrono::Utc::now() {
+        expire_due(state).await?;
+        let mut conn = state.db.acquire().await?;
+        row = db::approvals::get(&mut conn, row.id).await?.unwrap_or(row);
+    }
+    if matches!(row.state.as_str(), "pending" | "granted" | "running") {
+        return Ok(Some(Gatekeeping::Ticket(Ticket::of(&row, false))));
+    }
+    // Given once: a racing identical retry that loses goes on to a new request.
+    let delivered = {
+        let mut conn = state.db.acquire().await?;
+        db::approvals::deliver(&mut conn, row.id).await?
+    };
+    if !delivered {
+        return Ok(None);
+    }
+    if row.state == "done"
+        && let Some(stored) = &row.outcome
+    {
+        let outcome = stored["outcome"].clone();
+        let latency = Duration::from_micros(stored["latency_us"].as_u64().unwrap_or(0));
+        return Ok(Some(Gatekeeping::Ran { outcome, latency }));
+    }
+    Ok(Some(Gatekeeping::Ticket(Ticket::of(&row, false))))
 }
 
 /// An approval event about `row`, as the caller's: agent, person, client, tool.
@@ -289,6 +303,32 @@ pub async fn visible_to(state: &AppState, username: &str) -> Result<Shown> {
             names: Vec::new(),
         },
     })
+}
+
+/// Why `row` can no longer be approved or run, if it cannot: the token that made the call
+/// was revoked, its client (or the person's authorization of the host) is gone, the agent was
+/// deleted (a re-created agent of the same name has other clients), or the rule that asked
+/// was changed or removed (its approvers may not be the rule's any more).
+pub fn stale(snapshot: &PolicySnapshot, row: &ApprovalRow) -> Option<&'static str> {
+    if row.jti.is_some_and(|j| snapshot.is_revoked(&j)) {
+        return Some("the token that made the call was revoked");
+    }
+    match &row.person {
+        Some(p) if !snapshot.has_authorization(&row.agent, &row.client_id, p) => {
+            return Some("the person's authorization of this host was revoked");
+        }
+        None if snapshot.client_agent(&row.client_id) != Some(row.agent.as_str()) => {
+            return Some("the client that made the call no longer exists for this agent");
+        }
+        _ => {}
+    }
+    let Some(view) = snapshot.agent(&row.agent) else {
+        return Some("the agent no longer exists");
+    };
+    if !view.approvals.iter().any(|r| r.sha256 == row.rule_sha256) {
+        return Some("the approval rule that asked was changed or removed; call again to ask anew");
+    }
+    None
 }
 
 /// Who decides.
@@ -362,6 +402,11 @@ pub async fn decide(
     }
     .ok_or_else(|| ServiceError::NotFound(format!("approval {id}")))?;
     may_decide(state, decider, &current).await?;
+    if approve && let Some(why) = stale(&state.policy.load(), &current) {
+        return Err(ServiceError::Conflict(format!(
+            "approval {id} cannot be granted: {why}"
+        )));
+    }
     expire_due(state).await?;
     let (new_state, kind, outcome) = if approve {
         ("granted", EventKind::ApprovalGranted, AuditOutcome::Success)
@@ -441,10 +486,28 @@ pub async fn finish(
     Ok(())
 }
 
-/// Granted requests nobody has run (their deciding instance died first).
+/// Granted requests nobody has run (their deciding instance died first), whose grant is in
+/// the audit log: a row set to `granted` in the database by hand is not run.
 pub async fn orphans(state: &AppState) -> Result<Vec<Uuid>> {
     let mut conn = state.db.acquire().await?;
-    Ok(db::approvals::granted_unclaimed(&mut conn).await?)
+    let mut out = Vec::new();
+    for id in db::approvals::granted_unclaimed(&mut conn).await? {
+        if db::approvals::granted_on_record(&mut conn, id).await? {
+            out.push(id);
+        } else {
+            tracing::error!(approval = %id, "a request is granted in the database but no grant is on record; not run");
+        }
+    }
+    Ok(out)
+}
+
+/// How long a request that ended is kept (its record stays in the audit log).
+const KEEP_ENDED_DAYS: i32 = 7;
+
+/// Removes requests that ended more than a week ago.
+pub async fn purge(state: &AppState) -> Result<u64> {
+    let mut conn = state.db.acquire().await?;
+    Ok(db::approvals::purge_finished(&mut conn, KEEP_ENDED_DAYS).await?)
 }
 
 /// Refreshes the pending gauge.
@@ -512,6 +575,8 @@ pub async fn for_caller(
     principal: &Principal,
     id: Uuid,
 ) -> Result<Option<ApprovalRow>> {
+    // A request whose time is up reads as expired, not as still waiting.
+    expire_due(state).await?;
     let mut conn = state.db.acquire().await?;
     Ok(db::approvals::get(&mut conn, id).await?.filter(|r| {
         r.agent == principal.agent

@@ -95,6 +95,8 @@ pub struct SsoSettings {
     pub role_claim: String,
     /// Claim value → role, in the order given.
     pub role_map: Vec<(String, Role)>,
+    /// Claim value → approver set; empty: sets are not the provider's to say.
+    pub approver_map: Vec<(String, String)>,
     /// Shown on the button: "Sign in with <name>".
     pub provider_name: String,
 }
@@ -154,6 +156,21 @@ impl SsoSettings {
             })?;
             role_map.push((value.trim().to_owned(), role));
         }
+        let mut approver_map = Vec::new();
+        for pair in &args.oidc_approver_map {
+            let (value, set) = pair.rsplit_once('=').ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--oidc-approver-map entry `{pair}` is not `claim-value=approver-set`"
+                )
+            })?;
+            let set = set.trim();
+            if !crate::policy::approvals::valid_approver(set) {
+                anyhow::bail!(
+                    "--oidc-approver-map entry `{pair}`: `{set}` is not an approver set name (lowercase letters, digits, _ . -)"
+                );
+            }
+            approver_map.push((value.trim().to_owned(), set.to_owned()));
+        }
         if role_map.is_empty() {
             anyhow::bail!(
                 "--oidc-issuer needs --oidc-role-map (for example `toolgate-admins=admin`): without it nobody could sign in"
@@ -189,7 +206,24 @@ impl SsoSettings {
                 .collect(),
             role_claim: args.oidc_role_claim.clone(),
             role_map,
+            approver_map,
         }))
+    }
+
+    /// The approver sets `values` map to, sorted; `None` when no map is configured.
+    pub fn approver_sets_for(&self, values: &[String]) -> Option<Vec<String>> {
+        if self.approver_map.is_empty() {
+            return None;
+        }
+        let mut sets: Vec<String> = self
+            .approver_map
+            .iter()
+            .filter(|(v, _)| values.iter().any(|x| x == v))
+            .map(|(_, s)| s.clone())
+            .collect();
+        sets.sort();
+        sets.dedup();
+        Some(sets)
     }
 
     /// The most privileged role any of `values` maps to.
@@ -488,7 +522,22 @@ pub async fn callback(
     .await?;
     tx.commit().await?;
     let (user_id, username) = match found {
-        db::accounts::Federated::Account { id, username } => (id, username),
+        db::accounts::Federated::Account { id, username } => {
+            // The provider says which approver sets the person is in, at every sign-in: taken
+            // out of a group there, they stop approving here.
+            if let Some(sets) = sso.settings.approver_sets_for(&person.role_values) {
+                let actor = format!("sso:{}", sso.settings.provider_name);
+                let current =
+                    crate::db::approvals::approver(&mut *state.db.acquire().await?, &username)
+                        .await?
+                        .map(|(_, s)| s);
+                if current.as_ref() != Some(&sets) {
+                    crate::service::approvals::set_approver_sets(&state, &actor, &username, &sets)
+                        .await?;
+                }
+            }
+            (id, username)
+        }
         db::accounts::Federated::Disabled { username } => {
             return Ok(refuse(
                 Some(&username),

@@ -581,6 +581,16 @@ async fn sso_flags_that_cannot_work_are_refused_at_start(pool: PgPool) {
             "a=root",
         ],
         vec!["--oidc-client-id", "x"],
+        vec![
+            "--oidc-issuer",
+            "https://id.example.com",
+            "--oidc-client-id",
+            "x",
+            "--oidc-role-map",
+            "a=admin",
+            "--oidc-approver-map",
+            "finance-team=Finance Team",
+        ],
     ] {
         let mut all = vec!["toolgate", "serve"];
         all.extend(&args);

@@ -957,6 +957,165 @@ async fn approval_check_cost(pool: PgPool) {
     );
 }
 
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn racing_identical_calls_make_one_request_and_the_cap_holds_under_a_flood(pool: PgPool) {
+    let p = Payments::new(pool).await;
+    p.rule(json!({"approvers": ["admin"]})).await;
+    let calls = (0..12).map(|_| {
+        p.app.post_json(
+            "/tools/payments/transfer",
+            Some(&p.token),
+            json!({"amount": 5, "to": "race"}),
+        )
+    });
+    let replies = futures::future::join_all(calls).await;
+    let ids: std::collections::BTreeSet<String> = replies
+        .iter()
+        .map(|r| r.body["approval"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let id = ids.into_iter().next().unwrap();
+    p.app
+        .admin("POST", &format!("/api/v1/approvals/{id}/approve"), None)
+        .await;
+    until(
+        std::time::Duration::from_secs(10),
+        "the approved call ran",
+        || async { p.runs().len() == 1 },
+    )
+    .await;
+    assert_eq!(p.runs().len(), 1);
+
+    // A flood of distinct calls: never more than 100 waiting.
+    let flood = (0..150).map(|n| {
+        p.app.post_owned(
+            "/tools/payments/transfer".into(),
+            p.token.clone(),
+            json!({"amount": 100 + n, "to": "flood"}),
+        )
+    });
+    futures::future::join_all(flood).await;
+    let waiting: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM approval_requests WHERE state = 'pending'")
+            .fetch_one(&p.app.state.db)
+            .await
+            .unwrap();
+    assert_eq!(waiting, 100);
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn an_approved_call_is_checked_again_before_it_runs(pool: PgPool) {
+    let p = Payments::new(pool).await;
+    p.rule(json!({"approvers": ["admin"]})).await;
+    let ask = |amount: i64| {
+        let p = &p;
+        async move {
+            let r = p.rest(&p.token, json!({"amount": amount, "to": "x"})).await;
+            assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+            r.body["approval"].as_str().unwrap().to_owned()
+        }
+    };
+    let approve = |id: String| {
+        let p = &p;
+        async move {
+            p.app
+                .admin("POST", &format!("/api/v1/approvals/{id}/approve"), None)
+                .await
+        }
+    };
+    let state_of = |id: String| {
+        let p = &p;
+        async move {
+            p.app
+                .admin("GET", &format!("/api/v1/approvals/{id}"), None)
+                .await
+                .body["approval"]["state"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+
+    // An argument rule added after the request refuses the call it would have been.
+    let narrowed = ask(500).await;
+    let r = p
+        .app
+        .admin(
+            "PUT",
+            "/api/v1/agents/payer/arguments/payments__transfer",
+            Some(json!({"amount": {"maximum": 100}})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(approve(narrowed.clone()).await.status, StatusCode::OK);
+    until(
+        std::time::Duration::from_secs(10),
+        "the run was refused",
+        || async { state_of(narrowed.clone()).await == "failed" },
+    )
+    .await;
+    p.app
+        .admin(
+            "DELETE",
+            "/api/v1/agents/payer/arguments/payments__transfer",
+            None,
+        )
+        .await;
+
+    // Arguments changed in the database behind the approver's back are not run.
+    let swapped = ask(7).await;
+    sqlx::query("UPDATE approval_requests SET arguments = '{\"amount\": 9999, \"to\": \"mallory\"}' WHERE id = $1::uuid")
+        .bind(&swapped)
+        .execute(&p.app.state.db)
+        .await
+        .unwrap();
+    approve(swapped.clone()).await;
+    until(
+        std::time::Duration::from_secs(10),
+        "the swap was refused",
+        || async { state_of(swapped.clone()).await == "failed" },
+    )
+    .await;
+
+    // A rule changed since the request: its old approvers cannot grant it any more.
+    let old_rule = ask(8).await;
+    p.rule(json!({"approvers": ["admin", "finance"]})).await;
+    let r = approve(old_rule.clone()).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+    assert!(r.text.contains("rule that asked"), "{}", r.text);
+
+    // The client that made the call deleted: not granted, not run.
+    let orphaned = ask(9).await;
+    let client_id: String =
+        sqlx::query_scalar("SELECT client_id FROM approval_requests WHERE id = $1::uuid")
+            .bind(&orphaned)
+            .fetch_one(&p.app.state.db)
+            .await
+            .unwrap();
+    let r = p
+        .app
+        .admin("DELETE", &format!("/api/v1/clients/{client_id}"), None)
+        .await;
+    assert!(r.status.is_success(), "{}", r.text);
+    let r = approve(orphaned.clone()).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+    assert!(r.text.contains("no longer exists"), "{}", r.text);
+
+    // A row set to `granted` by hand, with no grant on record, is never run by the sweeper.
+    sqlx::query("UPDATE approval_requests SET state = 'granted', decided_at = now() - interval '1 minute' WHERE id = $1::uuid")
+        .bind(&old_rule)
+        .execute(&p.app.state.db)
+        .await
+        .unwrap();
+    assert!(
+        toolgate::service::approvals::orphans(&p.app.state)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(p.runs().is_empty(), "{:?}", p.runs());
+}
+
 fn urlencoding(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }

@@ -57,7 +57,9 @@ test("admins sign in through an OpenID Provider, roles come from groups", { time
       "--oidc-issuer", issuer, "--oidc-client-id", "toolgate", "--oidc-provider-name", "Test OP",
       "--oidc-scope", "profile,email,groups", "--oidc-role-claim", "groups",
       "--oidc-role-map",
-      "toolgate-admins=admin,toolgate-auditors=auditor,toolgate-viewers=viewer,toolgate-members=member"],
+      "toolgate-admins=admin,toolgate-auditors=auditor,toolgate-viewers=viewer,toolgate-members=member",
+      // Approver sets come from the same claim: bob's `staff` group makes him a finance approver.
+      "--oidc-approver-map", "staff=finance"],
     {
       // The secret comes from the environment, never a flag.
       env: { ...cleanEnv(), TOOLGATE_OIDC_CLIENT_SECRET: clientSecret },
@@ -125,6 +127,11 @@ test("admins sign in through an OpenID Provider, roles come from groups", { time
     // An auditor reads the audit log but changes nothing: no "New local account" form.
     await bob.goto(`${base}/admin/accounts`);
     assert.equal(await bob.locator("#new-account-heading").count(), 0);
+    // His `staff` group maps to the `finance` approver set; alice's groups map to none.
+    const sets = (user) => spawnSync("psql", [databaseUrl, "-tAc",
+      `SELECT approver_sets FROM admin_users WHERE username = '${user}'`], { encoding: "utf8" }).stdout.trim();
+    assert.equal(sets("bob"), "{finance}");
+    assert.equal(sets("alice"), "{}");
   });
 
   await t.test("eve's hostile username is sanitised and shown as text", async () => {
