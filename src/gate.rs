@@ -206,6 +206,11 @@ impl<'a> Gate<'a> {
         self.principal
     }
 
+    /// The live state this gate decides against.
+    pub fn state(&self) -> &'a AppState {
+        self.state
+    }
+
     pub fn snapshot(&self) -> &PolicySnapshot {
         &self.snapshot
     }

@@ -370,13 +370,35 @@ impl ServerHandler for Gateway {
         let name = request.name.to_string();
         // A 2026-07-28 client that declares the tasks extension on this request is given a
         // task for a call that waits for approval; any other is told in a tool result.
-        let tasks = ctx
+        let modern = ctx
             .protocol_version()
-            .is_some_and(|v| v.as_str() >= rmcp::model::ProtocolVersion::V_2026_07_28.as_str())
-            && ctx
-                .client_capabilities()
-                .is_some_and(|c| c.supports_tasks());
-        let result = call_tool(&gate, request, tasks).await;
+            .is_some_and(|v| v.as_str() >= rmcp::model::ProtocolVersion::V_2026_07_28.as_str());
+        let waits = if !modern {
+            Waits::ToolResult
+        } else if ctx
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks())
+        {
+            Waits::Task
+        } else {
+            Waits::InputRequired
+        };
+        // A retry of a call that waits for approval (SEP-2322) carries the state we sealed
+        // for this caller; it is held open for a decision, then the call goes through the core
+        // path again like any.
+        if modern && let Some(sealed) = request.request_state.as_deref() {
+            let Some(id) =
+                crate::service::approvals::open_state(gate.snapshot(), &principal, sealed)
+            else {
+                return Err(McpError::invalid_params(
+                    "requestState is not one this gateway issued for this caller",
+                    None,
+                ));
+            };
+            crate::service::approvals::hold(&self.state, id, self.state.settings.approval_hold)
+                .await;
+        }
+        let result = call_tool(&gate, request, waits).await;
         // The tool label only for a name the caller may see: no label values minted from
         // made-up names, no trace of an ungranted tool.
         let visible =
@@ -586,10 +608,21 @@ fn advertise_apps(gate: &Gate<'_>, info: &mut ServerConfig) {
 }
 
 /// `tools/call`: a meta-tool, or a tool through the core path.
+/// How a caller is told that its call waits for approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waits {
+    /// 2025 era: a tool error that says so.
+    ToolResult,
+    /// 2026-07-28 with the tasks extension: a task.
+    Task,
+    /// 2026-07-28 without it: `InputRequiredResult` with a sealed `requestState`.
+    InputRequired,
+}
+
 async fn call_tool(
     gate: &Gate<'_>,
     request: CallToolRequestParams,
-    tasks: bool,
+    waits: Waits,
 ) -> Result<CallToolResponse, McpError> {
     // The meta-tools exist for agents configured for search or auto (even while auto
     // lists in full, so that a client holding a list from before a grant change still
@@ -600,13 +633,13 @@ async fn call_tool(
             search_tools(gate, &args).await
         } else {
             match search::parse_call(&args) {
-                Ok(c) => call(gate, &c.name, c.arguments, true, tasks).await,
+                Ok(c) => call(gate, &c.name, c.arguments, true, waits).await,
                 Err(message) => Ok(tool_error(message)),
             }
         };
     }
     let args = Value::Object(request.arguments.unwrap_or_default());
-    call(gate, &request.name, args, false, tasks).await
+    call(gate, &request.name, args, false, waits).await
 }
 
 /// A tool call, direct or through `call_tool` (`via_meta`): always the core path, so grants,
@@ -617,7 +650,7 @@ async fn call(
     name: &str,
     args: Value,
     via_meta: bool,
-    tasks: bool,
+    waits: Waits,
 ) -> Result<CallToolResponse, McpError> {
     match gate.call(name, args).await {
         Err(Refused::UnknownTool(name)) if via_meta => Ok(tool_error(format!(
@@ -637,8 +670,25 @@ async fn call(
             Ok(tool_error(text))
         }
         Err(Refused::RateLimited { retry_after, .. }) => Ok(rate_limited_call(retry_after)),
-        Err(Refused::Approval { ticket, .. }) if tasks && ticket.waiting() => {
+        Err(Refused::Approval { ticket, .. }) if waits == Waits::Task && ticket.waiting() => {
             Ok(CallToolResponse::Task(approval_task(&ticket)))
+        }
+        Err(Refused::Approval { ticket, .. })
+            if waits == Waits::InputRequired && ticket.waiting() =>
+        {
+            let sealed =
+                crate::service::approvals::seal_state(gate.state(), gate.principal(), ticket.id)
+                    .await
+                    .map_err(|_| audit_unavailable())?;
+            let mut meta = serde_json::Map::new();
+            meta.insert(
+                "io.toolgate/approval".into(),
+                json!({"id": ticket.id, "status": ticket.status, "expires_at": ticket.expires_at}),
+            );
+            Ok(CallToolResponse::InputRequired(
+                rmcp::model::InputRequiredResult::from_request_state(sealed)
+                    .with_meta(rmcp::model::MetaObject(meta)),
+            ))
         }
         Err(Refused::Approval { tool, ticket }) => Ok(approval_call(tool.name.as_str(), &ticket)),
         Err(r) => Err(refused(r)),

@@ -803,3 +803,63 @@ pub fn signature(secret: &str, body: &str) -> String {
     let tag = ring::hmac::sign(&key, format!("{t}.{body}").as_bytes());
     format!("t={t},v1={}", hex::encode(tag.as_ref()))
 }
+
+/// The `requestState` of an `InputRequiredResult` for a call that waits (SEP-2322): the
+/// request's id and the caller it is bound to, signed with the token signing key (so any
+/// instance verifies it with the published keys, and a rotation does not break it). It holds
+/// nothing the caller does not already know, so it is signed, not encrypted.
+pub async fn seal_state(state: &AppState, principal: &Principal, id: Uuid) -> Result<String> {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let key = db::keys::current_signing_key(&state.db)
+        .await?
+        .ok_or_else(|| ServiceError::Other(anyhow::anyhow!("no signing key")))?;
+    let pair = ring::signature::Ed25519KeyPair::from_pkcs8(&key.private_pkcs8)
+        .map_err(|_| ServiceError::Other(anyhow::anyhow!("the signing key does not read")))?;
+    let body = json!({
+        "v": 1,
+        "approval": id,
+        "agent": principal.agent,
+        "client_id": principal.client_id,
+        "person": principal.person,
+        "kid": key.kid,
+    })
+    .to_string();
+    let signed = URL_SAFE_NO_PAD.encode(body.as_bytes());
+    let sig = pair.sign(signed.as_bytes());
+    Ok(format!("{signed}.{}", URL_SAFE_NO_PAD.encode(sig.as_ref())))
+}
+
+/// The request a `requestState` names, if it is one this gateway signed for this caller.
+pub fn open_state(snapshot: &PolicySnapshot, principal: &Principal, sealed: &str) -> Option<Uuid> {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    if sealed.len() > 4096 {
+        return None;
+    }
+    let (signed, sig) = sealed.split_once('.')?;
+    let body: Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(signed).ok()?).ok()?;
+    let public = snapshot.verify_key(body["kid"].as_str()?)?;
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, public)
+        .verify(signed.as_bytes(), &URL_SAFE_NO_PAD.decode(sig).ok()?)
+        .ok()?;
+    let bound = body["v"] == 1
+        && body["agent"].as_str() == Some(principal.agent.as_str())
+        && body["client_id"].as_str() == Some(principal.client_id.as_str())
+        && body["person"].as_str() == principal.person.as_deref();
+    bound.then(|| Uuid::parse_str(body["approval"].as_str()?).ok())?
+}
+
+/// Waits up to `hold` for request `id` to leave `pending` (polled: a decision on any instance
+/// is seen within a quarter of a second).
+pub async fn hold(state: &AppState, id: Uuid, hold: Duration) {
+    let until = tokio::time::Instant::now() + hold;
+    while tokio::time::Instant::now() < until {
+        match get(state, id).await {
+            Ok(row) if row.state == "pending" && row.expires_at > chrono::Utc::now() => {}
+            Ok(row) if row.state == "granted" || row.state == "running" => {}
+            _ => return,
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

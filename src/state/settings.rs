@@ -56,6 +56,8 @@ pub struct Settings {
     /// Approver (role or set) → the webhook that tells them of a waiting call.
     pub approval_webhooks: Vec<(String, url::Url)>,
     pub approval_webhook_secret: Option<String>,
+    /// How long a modern client's retry waits for a decision.
+    pub approval_hold: Duration,
 }
 
 impl Settings {
@@ -153,6 +155,7 @@ impl Settings {
             },
             instance: crate::audit::instance_name().to_owned(),
             approval_webhooks,
+            approval_hold: Duration::from_secs(args.approval_hold_secs.min(120)),
             approval_webhook_secret: args
                 .approval_webhook_secret
                 .clone()

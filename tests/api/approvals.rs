@@ -793,11 +793,31 @@ async fn modern(
     token: &str,
     method: &str,
     name: &str,
+    params: Value,
+) -> crate::helpers::Reply {
+    modern_with(
+        app,
+        token,
+        method,
+        name,
+        params,
+        json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}),
+    )
+    .await
+}
+
+/// A 2026-07-28 request declaring `capabilities`.
+async fn modern_with(
+    app: &TestApp,
+    token: &str,
+    method: &str,
+    name: &str,
     mut params: Value,
+    capabilities: Value,
 ) -> crate::helpers::Reply {
     params["_meta"] = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+        "io.modelcontextprotocol/clientCapabilities": capabilities
     });
     app.send(
         http::Request::post("/mcp")
@@ -1114,6 +1134,77 @@ async fn an_approved_call_is_checked_again_before_it_runs(pool: PgPool) {
             .is_empty()
     );
     assert!(p.runs().is_empty(), "{:?}", p.runs());
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_modern_client_without_tasks_comes_back_with_a_sealed_request_state(pool: PgPool) {
+    let p = Payments::with_args(pool, &["--approval-hold-secs", "1"]).await;
+    p.rule(json!({"approvers": ["admin"]})).await;
+    let params = json!({"name": "payments__transfer", "arguments": {"amount": 3, "to": "kim"}});
+    let call = |token: String, params: Value| {
+        let app = &p.app;
+        async move {
+            modern_with(
+                app,
+                &token,
+                "tools/call",
+                "payments__transfer",
+                params,
+                json!({}),
+            )
+            .await
+        }
+    };
+    let first = call(p.token.clone(), params.clone()).await;
+    let result = &first.body["result"];
+    assert_eq!(result["resultType"], "input_required", "{}", first.text);
+    let sealed = result["requestState"].as_str().unwrap().to_owned();
+    let id = result["_meta"]["io.toolgate/approval"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // The state is checked: altered, or presented by another agent, it is refused.
+    let mut tampered = params.clone();
+    tampered["requestState"] = json!(format!("{sealed}x"));
+    let r = call(p.token.clone(), tampered).await;
+    assert_eq!(r.body["error"]["code"], -32602, "{}", r.text);
+    let other = p.app.agent("other", &["payments"]).await;
+    let mut stolen = params.clone();
+    stolen["requestState"] = json!(sealed);
+    let r = call(other, stolen.clone()).await;
+    assert_eq!(r.body["error"]["code"], -32602, "{}", r.text);
+
+    // Still waiting: the retry is held, then told again to come back.
+    let r = call(p.token.clone(), stolen.clone()).await;
+    assert_eq!(
+        r.body["result"]["resultType"], "input_required",
+        "{}",
+        r.text
+    );
+    assert!(p.runs().is_empty());
+
+    p.app
+        .admin("POST", &format!("/api/v1/approvals/{id}/approve"), None)
+        .await;
+    until(
+        std::time::Duration::from_secs(10),
+        "the approved call ran",
+        || async { p.runs().len() == 1 },
+    )
+    .await;
+    let done = call(p.token.clone(), stolen).await;
+    assert_eq!(
+        done.body["result"]["resultType"], "complete",
+        "{}",
+        done.text
+    );
+    assert_eq!(
+        done.body["result"]["structuredContent"]["sent"]["to"], "kim",
+        "{}",
+        done.text
+    );
+    assert_eq!(p.runs().len(), 1);
 }
 
 fn urlencoding(s: &str) -> String {

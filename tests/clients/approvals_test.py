@@ -4,10 +4,12 @@
     TOOLGATE_URL=http://127.0.0.1:8787 TOOLGATE_ADMIN_TOKEN=xyz python tests/clients/approvals_test.py
 
 Agent `approval-watcher` is granted `weather` and needs approval for `weather__forecast` when
-`days` is above 3 (approvers: admin). For each connect mode of the SDK client: a call under the
-threshold runs at once; one above it is answered with a tool error saying it waits, with the
-request in `_meta`; the admin API approves it; the same call made again gets the result of the
-one run; the same call once more asks anew. Over REST, the call answers 202 with a status URL
+`days` is above 3 (approvers: admin). A call under the threshold runs at once in both eras.
+2025-11-25: one above it is answered with a tool error saying it waits, with the request in
+`_meta`; the admin API approves it; the same call made again gets the result of the one run;
+the same call once more asks anew. 2026-07-28 (no tasks extension): the one `call_tool` is held
+through InputRequired rounds (the SDK comes back with the sealed requestState) and returns the
+result once the admin API approves, or the approver's reason once denied. Over REST, the call answers 202 with a status URL
 that answers the result once approved; a denied call is refused with the approver's reason.
 The last line is `N passed, N failed`; the exit status is non-zero on any failure.
 """
@@ -53,51 +55,101 @@ async def run(gw: base.Gateway) -> None:
         )
         expect(r.status_code == 200, f"PUT approval -> {r.status_code} {r.text}")
 
-    for n, mode in enumerate(("legacy", "2026-07-28")):
-        tag = f"[{mode}]"
-        days = 4 + n  # each pass its own call
-        token = await gw.token(cred)
-        async with connect(gw.mcp_url, mode, token) as client:
-            async with check(f"{tag} a call under the threshold runs at once"):
-                res = await client.call_tool("weather__forecast", {"city": "Paris", "days": 2})
-                expect(res.is_error is False, f"is_error={res.is_error} {result_text(res)}")
+    # 2025-11-25: the call is answered at once with a tool error saying it waits; the same call
+    # made again after approval gets the result.
+    token = await gw.token(cred)
+    async with connect(gw.mcp_url, "legacy", token) as client:
+        tag, days = "[legacy]", 4
+        async with check(f"{tag} a call under the threshold runs at once"):
+            res = await client.call_tool("weather__forecast", {"city": "Paris", "days": 2})
+            expect(res.is_error is False, f"is_error={res.is_error} {result_text(res)}")
 
-            approval = ""
-            async with check(f"{tag} a call above it waits, saying so, with the request in _meta"):
-                res = await client.call_tool("weather__forecast", {"city": "Paris", "days": days})
-                expect(res.is_error is True, f"is_error={res.is_error} {result_text(res)}")
-                meta = (res.meta or {}).get(META) or {}
-                approval = meta.get("id", "")
-                expect(bool(approval) and meta.get("status") == "pending", f"_meta={res.meta!r}")
-                expect(f"waiting for approval {approval}" in result_text(res), result_text(res))
+        approval = ""
+        async with check(f"{tag} a call above it waits, saying so, with the request in _meta"):
+            res = await client.call_tool("weather__forecast", {"city": "Paris", "days": days})
+            expect(res.is_error is True, f"is_error={res.is_error} {result_text(res)}")
+            meta = (res.meta or {}).get(META) or {}
+            approval = meta.get("id", "")
+            expect(bool(approval) and meta.get("status") == "pending", f"_meta={res.meta!r}")
+            expect(f"waiting for approval {approval}" in result_text(res), result_text(res))
 
-            async with check(f"{tag} the admin API approves it and the gateway runs it once"):
-                r = await gw.http.post(
-                    f"{gw.base}/api/v1/approvals/{approval}/approve", headers=gw.admin, json={"reason": "ok"}
-                )
-                expect(r.status_code == 200, f"approve -> {r.status_code} {r.text}")
+        async with check(f"{tag} the admin API approves it and the gateway runs it once"):
+            r = await gw.http.post(
+                f"{gw.base}/api/v1/approvals/{approval}/approve", headers=gw.admin, json={"reason": "ok"}
+            )
+            expect(r.status_code == 200, f"approve -> {r.status_code} {r.text}")
 
-                async def done() -> bool:
-                    return await approval_state(gw, approval) == "done"
+            async def done() -> bool:
+                return await approval_state(gw, approval) == "done"
 
-                await wait_for(done, "the approved call ran")
+            await wait_for(done, "the approved call ran")
 
-            async with check(f"{tag} the same call again gets the result of that one run"):
-                res = await client.call_tool("weather__forecast", {"city": "Paris", "days": days})
-                expect(res.is_error is False, f"is_error={res.is_error} {result_text(res)}")
-                sc = res.structured_content or {}
-                expect(sc.get("days") == days and len(sc.get("forecast", [])) == days, f"structuredContent={sc!r}")
+        async with check(f"{tag} the same call again gets the result of that one run"):
+            res = await client.call_tool("weather__forecast", {"city": "Paris", "days": days})
+            expect(res.is_error is False, f"is_error={res.is_error} {result_text(res)}")
+            sc = res.structured_content or {}
+            expect(sc.get("days") == days and len(sc.get("forecast", [])) == days, f"structuredContent={sc!r}")
 
-            async with check(f"{tag} once more is a new request: an approval is used once"):
-                res = await client.call_tool("weather__forecast", {"city": "Paris", "days": days})
-                meta = (res.meta or {}).get(META) or {}
-                expect(res.is_error is True and meta.get("id") not in ("", approval), f"_meta={res.meta!r}")
-                r = await gw.http.post(
-                    f"{gw.base}/api/v1/approvals/{meta['id']}/deny", headers=gw.admin, json={"reason": "once is enough"}
-                )
-                expect(r.status_code == 200, f"deny -> {r.status_code} {r.text}")
-                res = await client.call_tool("weather__forecast", {"city": "Paris", "days": days})
-                expect(res.is_error is True and "once is enough" in result_text(res), result_text(res))
+        async with check(f"{tag} once more is a new request: an approval is used once"):
+            res = await client.call_tool("weather__forecast", {"city": "Paris", "days": days})
+            meta = (res.meta or {}).get(META) or {}
+            expect(res.is_error is True and meta.get("id") not in ("", approval), f"_meta={res.meta!r}")
+            r = await gw.http.post(
+                f"{gw.base}/api/v1/approvals/{meta['id']}/deny", headers=gw.admin, json={"reason": "once is enough"}
+            )
+            expect(r.status_code == 200, f"deny -> {r.status_code} {r.text}")
+            res = await client.call_tool("weather__forecast", {"city": "Paris", "days": days})
+            expect(res.is_error is True and "once is enough" in result_text(res), result_text(res))
+
+    # 2026-07-28 without the tasks extension: InputRequiredResult with a sealed requestState;
+    # the SDK comes back with it at once, the gateway holds the retry open for a decision, and
+    # the one call_tool returns the result once a person approves.
+    async def pending_for(days: int, seen: set[str]) -> str:
+        found = ""
+
+        async def appeared() -> bool:
+            nonlocal found
+            r = await gw.http.get(f"{gw.base}/api/v1/approvals?state=pending", headers=gw.admin)
+            for a in r.json()["approvals"]:
+                if a["agent"] == AGENT and a["id"] not in seen:
+                    found = a["id"]
+                    return True
+            return False
+
+        await wait_for(appeared, f"a pending request for days={days}")
+        seen.add(found)
+        return found
+
+    token = await gw.token(cred)
+    seen: set[str] = set()
+    async with connect(gw.mcp_url, "2026-07-28", token) as client:
+        tag, days = "[2026-07-28]", 5
+        async with check(f"{tag} a call under the threshold runs at once"):
+            res = await client.call_tool("weather__forecast", {"city": "Paris", "days": 2})
+            expect(res.is_error is False, f"is_error={res.is_error} {result_text(res)}")
+
+        async with check(f"{tag} a call above it is held by InputRequired rounds, and completes once approved"):
+            call = asyncio.create_task(client.call_tool("weather__forecast", {"city": "Paris", "days": days}))
+            approval = await pending_for(days, seen)
+            expect(not call.done(), "call_tool returned before anyone decided")
+            r = await gw.http.post(
+                f"{gw.base}/api/v1/approvals/{approval}/approve", headers=gw.admin, json={"reason": "ok"}
+            )
+            expect(r.status_code == 200, f"approve -> {r.status_code} {r.text}")
+            res = await asyncio.wait_for(call, 60)
+            expect(res.is_error is False, f"is_error={res.is_error} {result_text(res)}")
+            sc = res.structured_content or {}
+            expect(sc.get("days") == days and len(sc.get("forecast", [])) == days, f"structuredContent={sc!r}")
+
+        async with check(f"{tag} the same call again is a new request, and a denial ends it with the reason"):
+            call = asyncio.create_task(client.call_tool("weather__forecast", {"city": "Paris", "days": days}))
+            again = await pending_for(days, seen)
+            r = await gw.http.post(
+                f"{gw.base}/api/v1/approvals/{again}/deny", headers=gw.admin, json={"reason": "once is enough"}
+            )
+            expect(r.status_code == 200, f"deny -> {r.status_code} {r.text}")
+            res = await asyncio.wait_for(call, 60)
+            expect(res.is_error is True and "once is enough" in result_text(res), result_text(res))
 
     token = await gw.token(cred)
     auth = {"Authorization": f"Bearer {token}"}
