@@ -115,6 +115,7 @@ fn app(rt: &tokio::runtime::Runtime, tools: &std::path::Path, discovery: Discove
                 params: toolgate::policy::arguments::parse_params(&json!({"n": {"maximum": 10}}))
                     .unwrap(),
             }],
+            approvals: Vec::new(),
             users: Vec::new(),
         }],
         ..PolicyState::default()
