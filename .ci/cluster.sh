@@ -101,6 +101,11 @@ if grep -qiE 'create table[^(;]*assertion' migrations/*.sql; then
   shared_replay=1
 fi
 shared_replay=${CLUSTER_SHARED_REPLAY:-$shared_replay}
+# A call that waits for approval is held this long: long enough for the test to approve it
+# through the other instance while it is held, short enough to keep the step quick.
+if grep -q -- '--approval-hold-secs' <<<"$help"; then
+  shared+=(--approval-hold-secs 5)
+fi
 echo "redis rate limits in this binary: $redis_limits; shared assertion ids: $shared_replay"
 
 # --- one database, two instances, one balancer ---------------------------------------------

@@ -298,8 +298,10 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub approval_webhooks: Vec<String>,
-    /// How long a 2026-07-28 client's retry of a call that waits for approval is held open
-    /// for a decision before it is told again to come back (below common client timeouts).
+    /// How long a call that waits for approval is held open for a decision before the caller
+    /// is told to come back: a 2025-era call (with progress notifications when it asked for
+    /// them) and a 2026-07-28 client's retry. Keep it below the clients' timeouts; 0 answers
+    /// at once.
     #[arg(long, env = "TOOLGATE_APPROVAL_HOLD_SECS", default_value_t = 20)]
     pub approval_hold_secs: u64,
     /// Signs each webhook: `X-Toolgate-Signature: t=<unix time>,v1=<hex HMAC-SHA256 of

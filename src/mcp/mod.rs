@@ -398,7 +398,12 @@ impl ServerHandler for Gateway {
             crate::service::approvals::hold(&self.state, id, self.state.settings.approval_hold)
                 .await;
         }
-        let result = call_tool(&gate, request, waits).await;
+        let hold = Hold {
+            peer: &ctx.peer,
+            progress: ctx.meta.get_progress_token(),
+            bound: self.state.settings.approval_hold,
+        };
+        let result = call_tool(&gate, request, waits, &hold).await;
         // The tool label only for a name the caller may see: no label values minted from
         // made-up names, no trace of an ungranted tool.
         let visible =
@@ -607,7 +612,6 @@ fn advertise_apps(gate: &Gate<'_>, info: &mut ServerConfig) {
         .insert(apps::UI_EXTENSION.to_owned(), ui);
 }
 
-/// `tools/call`: a meta-tool, or a tool through the core path.
 /// How a caller is told that its call waits for approval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Waits {
@@ -619,10 +623,47 @@ enum Waits {
     InputRequired,
 }
 
+/// A 2025-era call that waits for approval is held open this long for a decision, with a
+/// progress notification every [`PROGRESS_EVERY`] when the client asked for progress
+/// (which also keeps clients that reset their timeout on progress waiting).
+struct Hold<'a> {
+    peer: &'a rmcp::Peer<RoleServer>,
+    progress: Option<rmcp::model::ProgressToken>,
+    bound: std::time::Duration,
+}
+
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Hold<'_> {
+    /// Waits for a person's decision on `ticket` (and the approved run) up to the bound,
+    /// telling the client it waits.
+    async fn wait(&self, state: &AppState, tool: &str, ticket: &crate::service::approvals::Ticket) {
+        let decided = crate::service::approvals::hold(state, ticket.id, self.bound);
+        tokio::pin!(decided);
+        let mut ticks = tokio::time::interval(PROGRESS_EVERY);
+        let mut sent = 0u32;
+        loop {
+            tokio::select! {
+                () = &mut decided => return,
+                _ = ticks.tick() => {
+                    let Some(token) = self.progress.clone() else { continue };
+                    sent += 1;
+                    let note = rmcp::model::ProgressNotificationParam::new(token, f64::from(sent))
+                        .with_message(ticket.message(tool));
+                    // A client gone away ends the request anyway; nothing to do here.
+                    let _ = self.peer.notify_progress(note).await;
+                }
+            }
+        }
+    }
+}
+
+/// `tools/call`: a meta-tool, or a tool through the core path.
 async fn call_tool(
     gate: &Gate<'_>,
     request: CallToolRequestParams,
     waits: Waits,
+    hold: &Hold<'_>,
 ) -> Result<CallToolResponse, McpError> {
     // The meta-tools exist for agents configured for search or auto (even while auto
     // lists in full, so that a client holding a list from before a grant change still
@@ -633,13 +674,13 @@ async fn call_tool(
             search_tools(gate, &args).await
         } else {
             match search::parse_call(&args) {
-                Ok(c) => call(gate, &c.name, c.arguments, true, waits).await,
+                Ok(c) => call(gate, &c.name, c.arguments, true, waits, hold).await,
                 Err(message) => Ok(tool_error(message)),
             }
         };
     }
     let args = Value::Object(request.arguments.unwrap_or_default());
-    call(gate, &request.name, args, false, waits).await
+    call(gate, &request.name, args, false, waits, hold).await
 }
 
 /// A tool call, direct or through `call_tool` (`via_meta`): always the core path, so grants,
@@ -651,8 +692,27 @@ async fn call(
     args: Value,
     via_meta: bool,
     waits: Waits,
+    hold: &Hold<'_>,
 ) -> Result<CallToolResponse, McpError> {
-    match gate.call(name, args).await {
+    // A 2025-era call that may wait for a person is kept, to be made again after the hold;
+    // an agent without approval rules pays nothing for it.
+    let again = (waits == Waits::ToolResult
+        && !hold.bound.is_zero()
+        && gate
+            .snapshot()
+            .agent(&gate.principal().agent)
+            .is_some_and(|a| !a.approvals.is_empty()))
+    .then(|| args.clone());
+    let mut result = gate.call(name, args).await;
+    if let (Some(args), Err(Refused::Approval { tool, ticket })) = (again, &result)
+        && ticket.waiting()
+    {
+        hold.wait(gate.state(), tool.name.as_str(), ticket).await;
+        // Once more through the core path: an approved call runs (or gives its run's
+        // result) exactly as an identical retry would; one still waiting is told so.
+        result = gate.call(name, args).await;
+    }
+    match result {
         Err(Refused::UnknownTool(name)) if via_meta => Ok(tool_error(format!(
             "Unknown tool: {name}. Use {} to find the tools you may call.",
             search::SEARCH_TOOLS

@@ -55,23 +55,69 @@ async def run(gw: base.Gateway) -> None:
         )
         expect(r.status_code == 200, f"PUT approval -> {r.status_code} {r.text}")
 
-    # 2025-11-25: the call is answered at once with a tool error saying it waits; the same call
-    # made again after approval gets the result.
+    async def pending_for(days: int, seen: set[str]) -> str:
+        found = ""
+
+        async def appeared() -> bool:
+            nonlocal found
+            r = await gw.http.get(f"{gw.base}/api/v1/approvals?state=pending", headers=gw.admin)
+            for a in r.json()["approvals"]:
+                if a["agent"] == AGENT and a["id"] not in seen:
+                    found = a["id"]
+                    return True
+            return False
+
+        await wait_for(appeared, f"a pending request for days={days}")
+        seen.add(found)
+        return found
+
+    # 2025-11-25: the call is held open for a decision, with progress notifications; one
+    # approved within the hold returns its result in the same call_tool; one not decided
+    # within it is answered with a tool error saying it waits (the request in `_meta`), and
+    # the same call made again after approval gets the result of the one run.
     token = await gw.token(cred)
+    seen: set[str] = set()
     async with connect(gw.mcp_url, "legacy", token) as client:
-        tag, days = "[legacy]", 4
+        tag = "[legacy]"
         async with check(f"{tag} a call under the threshold runs at once"):
             res = await client.call_tool("weather__forecast", {"city": "Paris", "days": 2})
             expect(res.is_error is False, f"is_error={res.is_error} {result_text(res)}")
 
+        async with check(f"{tag} a call above it is held with progress notifications, and completes once approved"):
+            told = asyncio.Event()
+            messages: list[str] = []
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                messages.append(message or "")
+                told.set()
+
+            call = asyncio.create_task(
+                client.call_tool("weather__forecast", {"city": "Paris", "days": 4}, progress_callback=on_progress)
+            )
+            approval = await pending_for(4, seen)
+            await asyncio.wait_for(told.wait(), 15)
+            expect(f"waiting for approval {approval}" in messages[0], f"progress messages: {messages!r}")
+            expect(not call.done(), "call_tool returned before anyone decided")
+            r = await gw.http.post(
+                f"{gw.base}/api/v1/approvals/{approval}/approve", headers=gw.admin, json={"reason": "ok"}
+            )
+            expect(r.status_code == 200, f"approve -> {r.status_code} {r.text}")
+            res = await asyncio.wait_for(call, 60)
+            expect(res.is_error is False, f"is_error={res.is_error} {result_text(res)}")
+            sc = res.structured_content or {}
+            expect(sc.get("days") == 4 and len(sc.get("forecast", [])) == 4, f"structuredContent={sc!r}")
+            expect(await approval_state(gw, approval) == "done", "the approved call is not on record as run")
+
+        days = 7
         approval = ""
-        async with check(f"{tag} a call above it waits, saying so, with the request in _meta"):
+        async with check(f"{tag} a call not decided within the hold says it waits, with the request in _meta"):
             res = await client.call_tool("weather__forecast", {"city": "Paris", "days": days})
             expect(res.is_error is True, f"is_error={res.is_error} {result_text(res)}")
             meta = (res.meta or {}).get(META) or {}
             approval = meta.get("id", "")
             expect(bool(approval) and meta.get("status") == "pending", f"_meta={res.meta!r}")
             expect(f"waiting for approval {approval}" in result_text(res), result_text(res))
+            seen.add(approval)
 
         async with check(f"{tag} the admin API approves it and the gateway runs it once"):
             r = await gw.http.post(
@@ -91,37 +137,20 @@ async def run(gw: base.Gateway) -> None:
             expect(sc.get("days") == days and len(sc.get("forecast", [])) == days, f"structuredContent={sc!r}")
 
         async with check(f"{tag} once more is a new request: an approval is used once"):
-            res = await client.call_tool("weather__forecast", {"city": "Paris", "days": days})
-            meta = (res.meta or {}).get(META) or {}
-            expect(res.is_error is True and meta.get("id") not in ("", approval), f"_meta={res.meta!r}")
+            call = asyncio.create_task(client.call_tool("weather__forecast", {"city": "Paris", "days": days}))
+            again = await pending_for(days, seen)
+            expect(again != approval, "the used approval was offered again")
             r = await gw.http.post(
-                f"{gw.base}/api/v1/approvals/{meta['id']}/deny", headers=gw.admin, json={"reason": "once is enough"}
+                f"{gw.base}/api/v1/approvals/{again}/deny", headers=gw.admin, json={"reason": "once is enough"}
             )
             expect(r.status_code == 200, f"deny -> {r.status_code} {r.text}")
-            res = await client.call_tool("weather__forecast", {"city": "Paris", "days": days})
+            res = await asyncio.wait_for(call, 60)
             expect(res.is_error is True and "once is enough" in result_text(res), result_text(res))
 
     # 2026-07-28 without the tasks extension: InputRequiredResult with a sealed requestState;
     # the SDK comes back with it at once, the gateway holds the retry open for a decision, and
     # the one call_tool returns the result once a person approves.
-    async def pending_for(days: int, seen: set[str]) -> str:
-        found = ""
-
-        async def appeared() -> bool:
-            nonlocal found
-            r = await gw.http.get(f"{gw.base}/api/v1/approvals?state=pending", headers=gw.admin)
-            for a in r.json()["approvals"]:
-                if a["agent"] == AGENT and a["id"] not in seen:
-                    found = a["id"]
-                    return True
-            return False
-
-        await wait_for(appeared, f"a pending request for days={days}")
-        seen.add(found)
-        return found
-
     token = await gw.token(cred)
-    seen: set[str] = set()
     async with connect(gw.mcp_url, "2026-07-28", token) as client:
         tag, days = "[2026-07-28]", 5
         async with check(f"{tag} a call under the threshold runs at once"):

@@ -318,6 +318,30 @@ async def approval_across_instances(a: Instance, b: Instance, token: str, agent:
                 f"AND details::jsonb ->> 'approval' = '{approval}'",
             )
             expect(len(runs) == 1, f"{len(runs)} runs on record for approval {approval}")
+        async with check("approval: a 2025-era call held on A completes with its result once approved through B"):
+            held = {"name": tool, "arguments": {"text": f"held until approved {uuid.uuid4()}"}}
+            call = asyncio.create_task(a.rpc(token, "tools/call", held))
+            found = ""
+
+            async def appeared() -> bool:
+                nonlocal found
+                for r in (await b.api("GET", "/api/v1/approvals?state=pending"))["approvals"]:
+                    if r["agent"] == agent and json.loads(r["shown_arguments"]) == held["arguments"]:
+                        found = r["id"]
+                        return True
+                return False
+
+            expect(await until(appeared, 5) is not None, "the held call's request never appeared on B")
+            expect(not call.done(), "the call returned before anyone decided")
+            await b.api("POST", f"/api/v1/approvals/{found}/approve", {"reason": "cluster, held"})
+            _, body = await asyncio.wait_for(call, 30)
+            expect(body["result"].get("isError") is False, json.dumps(body)[:400])
+            runs = psql_json(
+                database_url,
+                "SELECT id FROM audit_events WHERE event_type = 'tool.call' AND outcome = 'started' "
+                f"AND details::jsonb ->> 'approval' = '{found}'",
+            )
+            expect(len(runs) == 1, f"{len(runs)} runs on record for approval {found}")
     finally:
         await a.api("DELETE", f"/api/v1/agents/{agent}/approval/{tool}", ok=(204, 404))
         # The losing retries asked anew: decided, so that nothing of this check waits.
