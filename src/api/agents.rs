@@ -381,14 +381,17 @@ fn approval_id(id: &str) -> Result<uuid::Uuid, ServiceError> {
     tag = "approvals",
     summary = "Show an approval request",
     params(("id" = String, Path, description = "The request's id")),
-    responses((status = 200, body = serde_json::Value, description = "The request, its binding and what became of it"))
+    responses((status = 200, body = serde_json::Value, description = "The request, its binding and what became of it; `definition`: the tool's definition the call was made against and its diff against the one a call of this tool was last approved against"))
 )]
 async fn get_approval(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let row = service::approvals::get(&state, approval_id(&id)?).await?;
-    Ok(Json(json!({"approval": row})))
+    let review = service::approvals::review(&state, std::slice::from_ref(&row))
+        .await?
+        .remove(&row.id);
+    Ok(Json(json!({"approval": row, "definition": review})))
 }
 
 #[derive(Deserialize, Default, utoipa::ToSchema)]

@@ -375,3 +375,90 @@ pub async fn set_approver_sets(
     .await?;
     Ok(true)
 }
+
+/// Keeps the definition a request was made against (once per content hash).
+pub async fn remember_definition(
+    conn: &mut PgConnection,
+    content_hash: &str,
+    tool: &str,
+    definition: &Value,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO approval_definitions (content_hash, tool, definition) VALUES ($1, $2, $3)
+         ON CONFLICT (content_hash) DO NOTHING",
+        content_hash,
+        tool,
+        definition
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Notes that a person approved a call made against this definition.
+pub async fn definition_approved(conn: &mut PgConnection, content_hash: &str) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE approval_definitions SET last_approved_at = now() WHERE content_hash = $1",
+        content_hash
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A kept definition, and when a call made against it was last approved.
+#[derive(Debug, Clone)]
+pub struct KeptDefinition {
+    pub content_hash: String,
+    pub tool: String,
+    pub definition: Value,
+    pub last_approved_at: Option<DateTime<Utc>>,
+}
+
+/// The definitions with these hashes.
+pub async fn definitions(
+    conn: &mut PgConnection,
+    hashes: &[String],
+) -> sqlx::Result<Vec<KeptDefinition>> {
+    sqlx::query_as!(
+        KeptDefinition,
+        "SELECT content_hash, tool, definition, last_approved_at FROM approval_definitions
+         WHERE content_hash = ANY($1)",
+        hashes
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// For each of these tools, the definition a person last approved a call of.
+pub async fn last_approved_definitions(
+    conn: &mut PgConnection,
+    tools: &[String],
+) -> sqlx::Result<Vec<KeptDefinition>> {
+    sqlx::query_as!(
+        KeptDefinition,
+        "SELECT DISTINCT ON (tool) content_hash, tool, definition, last_approved_at
+         FROM approval_definitions
+         WHERE tool = ANY($1) AND last_approved_at IS NOT NULL
+         ORDER BY tool, last_approved_at DESC",
+        tools
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// Removes definitions no request refers to any more, except each tool's last approved one.
+pub async fn purge_definitions(conn: &mut PgConnection) -> sqlx::Result<u64> {
+    Ok(sqlx::query!(
+        "DELETE FROM approval_definitions d
+         WHERE NOT EXISTS (SELECT 1 FROM approval_requests r
+                           WHERE r.definition_sha256 = d.content_hash)
+           AND d.content_hash IS DISTINCT FROM (
+               SELECT k.content_hash FROM approval_definitions k
+               WHERE k.tool = d.tool AND k.last_approved_at IS NOT NULL
+               ORDER BY k.last_approved_at DESC LIMIT 1)"
+    )
+    .execute(conn)
+    .await?
+    .rows_affected())
+}

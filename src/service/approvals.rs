@@ -196,6 +196,14 @@ pub async fn gatekeep(
             tx.rollback().await?;
             continue;
         };
+        // What the approver reads, and what the next request of this tool is compared with.
+        db::approvals::remember_definition(
+            &mut tx,
+            &row.definition_sha256,
+            &row.tool,
+            &tool.definition(),
+        )
+        .await?;
         let mut e = event(EventKind::ApprovalRequested, AuditOutcome::Success, &row);
         e.arguments = Some(shown.to_owned());
         e.details = Some(
@@ -422,6 +430,9 @@ pub async fn decide(
             now.map(|r| r.state).unwrap_or_default()
         )));
     };
+    if approve {
+        db::approvals::definition_approved(&mut tx, &row.definition_sha256).await?;
+    }
     let mut e = event(kind, outcome, &row);
     e.details = Some(
         json!({
@@ -507,7 +518,74 @@ const KEEP_ENDED_DAYS: i32 = 7;
 /// Removes requests that ended more than a week ago.
 pub async fn purge(state: &AppState) -> Result<u64> {
     let mut conn = state.db.acquire().await?;
-    Ok(db::approvals::purge_finished(&mut conn, KEEP_ENDED_DAYS).await?)
+    let purged = db::approvals::purge_finished(&mut conn, KEEP_ENDED_DAYS).await?;
+    db::approvals::purge_definitions(&mut conn).await?;
+    Ok(purged)
+}
+
+/// What an approver reads about the tool of a request: the definition the call was made
+/// against, and how it differs from the one a person last approved a call of this tool
+/// against (tool authors and upstreams change definitions; a pinned group's change is
+/// approved by an admin, but the approver of a call should still see what is new).
+#[derive(Debug, Clone, Serialize)]
+pub struct DefinitionReview {
+    /// Canonical, pretty-printed; `None` when it was not kept.
+    pub definition: Option<String>,
+    /// The definition a call of this tool was last approved against, and when.
+    pub last_approved_sha256: Option<String>,
+    pub last_approved_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Whether this request's definition differs from that one (`false` when none was approved).
+    pub changed_since_approved: bool,
+    /// Unified line diff, last approved against this request's (empty when unchanged; every
+    /// line added when no call of this tool was approved before).
+    pub diff: String,
+}
+
+/// The definition reviews of these requests, by request id.
+pub async fn review(
+    state: &AppState,
+    rows: &[ApprovalRow],
+) -> Result<std::collections::HashMap<Uuid, DefinitionReview>> {
+    let mut hashes: Vec<String> = rows.iter().map(|r| r.definition_sha256.clone()).collect();
+    hashes.sort();
+    hashes.dedup();
+    let mut tools: Vec<String> = rows.iter().map(|r| r.tool.clone()).collect();
+    tools.sort();
+    tools.dedup();
+    let mut conn = state.db.acquire().await?;
+    let kept: std::collections::HashMap<String, Value> =
+        db::approvals::definitions(&mut conn, &hashes)
+            .await?
+            .into_iter()
+            .map(|d| (d.content_hash, d.definition))
+            .collect();
+    let approved: std::collections::HashMap<String, db::approvals::KeptDefinition> =
+        db::approvals::last_approved_definitions(&mut conn, &tools)
+            .await?
+            .into_iter()
+            .map(|d| (d.tool.clone(), d))
+            .collect();
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let mine = kept.get(&r.definition_sha256);
+            let last = approved.get(&r.tool);
+            let changed = last.is_some_and(|l| l.content_hash != r.definition_sha256);
+            let diff = match (mine, last) {
+                (Some(_), Some(l)) if l.content_hash == r.definition_sha256 => String::new(),
+                (Some(d), l) => crate::pool::definition::diff(l.map(|l| &l.definition), d),
+                (None, _) => String::new(),
+            };
+            let review = DefinitionReview {
+                definition: mine.map(crate::pool::definition::pretty),
+                last_approved_sha256: last.map(|l| l.content_hash.clone()),
+                last_approved_at: last.and_then(|l| l.last_approved_at),
+                changed_since_approved: changed,
+                diff,
+            };
+            (r.id, review)
+        })
+        .collect())
 }
 
 /// Refreshes the pending gauge.

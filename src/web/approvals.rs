@@ -35,6 +35,26 @@ pub struct RequestView {
     pub expires: String,
     pub decided_by: String,
     pub reason: String,
+    /// How the tool's definition compares with the one a call of it was last approved against.
+    pub definition_note: String,
+    pub definition_changed: bool,
+    /// The diff (or, for a tool no call of which was approved, the whole definition as added).
+    pub diff: Vec<super::pins::DiffLine>,
+}
+
+impl RequestView {
+    fn with_review(mut self, review: Option<&service::approvals::DefinitionReview>) -> Self {
+        let Some(r) = review else { return self };
+        self.definition_note = match (&r.last_approved_at, r.changed_since_approved) {
+            (None, _) if r.definition.is_none() => "The definition this call was made against was not kept.".into(),
+            (None, _) => "No call of this tool was approved before: the whole definition is new to approvers.".into(),
+            (Some(at), false) => format!("The same definition as when a call of this tool was last approved ({}).", when(at)),
+            (Some(at), true) => format!("The definition changed since a call of this tool was last approved ({}): read what changed.", when(at)),
+        };
+        self.definition_changed = r.changed_since_approved;
+        self.diff = super::pins::diff_lines(&r.diff);
+        self
+    }
 }
 
 impl From<ApprovalRow> for RequestView {
@@ -59,6 +79,9 @@ impl From<ApprovalRow> for RequestView {
             expires: when(&r.expires_at),
             decided_by: r.decided_by.unwrap_or_default(),
             reason: r.reason.unwrap_or_default(),
+            definition_note: String::new(),
+            definition_changed: false,
+            diff: Vec::new(),
         }
     }
 }
@@ -76,12 +99,19 @@ struct InboxPage {
 pub async fn index(State(state): State<WebState>, ctx: Ctx) -> Result<Response, WebError> {
     service::approvals::expire_due(&state).await?;
     let mine = service::approvals::visible_to(&state, &ctx.admin.username).await?;
-    let pending = service::approvals::list(&state, Some("pending"))
+    let pending: Vec<ApprovalRow> = service::approvals::list(&state, Some("pending"))
         .await?
         .into_iter()
         .filter(|r| mine.shows(r))
         .rev()
-        .map(RequestView::from)
+        .collect();
+    let reviews = service::approvals::review(&state, &pending).await?;
+    let pending = pending
+        .into_iter()
+        .map(|r| {
+            let review = reviews.get(&r.id);
+            RequestView::from(r).with_review(review)
+        })
         .collect();
     let recent = service::approvals::list(&state, None)
         .await?

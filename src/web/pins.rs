@@ -23,7 +23,7 @@ pub struct DiffLine {
     pub text: String,
 }
 
-fn diff_lines(diff: &str) -> Vec<DiffLine> {
+pub(super) fn diff_lines(diff: &str) -> Vec<DiffLine> {
     diff.lines()
         .map(|l| DiffLine {
             kind: if l.starts_with("+++") || l.starts_with("---") {
