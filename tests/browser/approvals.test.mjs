@@ -1,7 +1,9 @@
 // Approvals in a real browser (the system's headless Chromium): an agent's call waits for a
 // person; an approver signed in in another browser session reads the exact call in the inbox and
 // approves it; the call runs once and its result reaches the agent at its status URL. A person
-// who may act as the agent cannot approve the agent's call.
+// who may act as the agent cannot approve the agent's call. A 2025-era MCP call made with the
+// official TypeScript SDK is held open, with progress notifications, while the approver approves
+// it in the browser; its result arrives in the same callTool.
 //
 // Environment: as admin-ui.test.mjs (TOOLGATE_BIN, PG_BASE, CHROMIUM, SCREENSHOT_DIR).
 
@@ -12,6 +14,8 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { chromium } from "playwright-core";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { bin, chromiumArgs, chromiumPath, cleanEnv, freePort, pgBase, root, shots, waitReady } from "./common.mjs";
 
 const database = `toolgate_approvals_${process.pid}_${Date.now()}`;
@@ -39,7 +43,9 @@ test("an approver approves an agent's call in the browser and it runs once", { t
   const server = spawn(
     bin,
     ["serve", "--database-url", databaseUrl, "--bind", `127.0.0.1:${port}`, "--policies-dir", policies,
-      "--tools-dir", path.join(root, "tools"), "--admin-token", adminToken],
+      "--tools-dir", path.join(root, "tools"), "--admin-token", adminToken,
+      // Long enough for the approver to sign in and approve while the MCP call is held.
+      "--approval-hold-secs", "45"],
     { env: cleanEnv(), stdio: ["ignore", fs.openSync(log, "w"), fs.openSync(log, "a")] },
   );
   const contexts = [];
@@ -126,7 +132,9 @@ test("an approver approves an agent's call in the browser and it runs once", { t
     await signIn(page, "fiona");
     await page.goto(`${base}/admin/approvals`);
     const card = page.locator(`[data-approval="${approval.approval}"]`);
-    assert.match(await card.locator("pre").textContent(), /"days": 5/);
+    assert.match(await card.getByLabel("Arguments of this call").textContent(), /"days": 5/);
+    // No call of this tool was approved before: its whole definition is there to read.
+    assert.match(await card.locator(".definition-note").textContent(), /No call of this tool was approved before/);
     assert.match(await card.textContent(), /planner/);
     await page.screenshot({ path: path.join(shots, "30-approvals-inbox.png"), fullPage: true });
     await card.getByLabel(/Reason/).fill("trip approved by finance");
@@ -151,5 +159,52 @@ test("an approver approves an agent's call in the browser and it runs once", { t
     assert.equal(shown.approval.state, "done");
     assert.equal(shown.approval.decided_by, "fiona");
     assert.equal(shown.approval.reason, "trip approved by finance");
+  });
+
+  await t.test("a 2025-era MCP call (TypeScript SDK) is held with progress until approved in the browser", async () => {
+    const client = new Client({ name: "toolgate-approvals-test", version: "1.0.0" });
+    const transport = new StreamableHTTPClientTransport(new URL(`${base}/mcp`), {
+      requestInit: { headers: { authorization: `Bearer ${agentToken}` } },
+    });
+    await client.connect(transport);
+    t.after(() => client.close().catch(() => {}));
+    const progress = [];
+    let told;
+    const firstProgress = new Promise((ok) => (told = ok));
+    const call = client.callTool({ name: "weather__forecast", arguments: { city: "Madrid", days: 6 } }, undefined, {
+      onprogress: (p) => {
+        progress.push(p.message || "");
+        told();
+      },
+      resetTimeoutOnProgress: true,
+      timeout: 60_000,
+    });
+    let settled = false;
+    call.finally(() => (settled = true)).catch(() => {});
+    await firstProgress;
+    const pending = (await api("GET", "/api/v1/approvals?state=pending")).approvals.find(
+      (a) => a.tool === "weather__forecast" && JSON.parse(a.shown_arguments).city === "Madrid",
+    );
+    assert.ok(pending, "the held call's request is in the inbox");
+    assert.match(progress[0], new RegExp(`waiting for approval ${pending.id}`));
+    assert.equal(settled, false, "callTool returned before anyone decided");
+
+    const page = await session();
+    await signIn(page, "fiona");
+    await page.goto(`${base}/admin/approvals`);
+    const card = page.locator(`[data-approval="${pending.id}"]`);
+    assert.match(await card.getByLabel("Arguments of this call").textContent(), /"city": "Madrid"/);
+    assert.match(await card.locator(".definition-note").textContent(), /The same definition as when a call of this tool was last approved/);
+    await card.getByLabel(/Reason/).fill("Madrid is fine");
+    await card.getByRole("button", { name: "Approve this call" }).click();
+    await page.waitForURL(`${base}/admin/approvals`);
+
+    const result = await call;
+    assert.equal(result.isError, false, JSON.stringify(result));
+    assert.equal(result.structuredContent.days, 6);
+    assert.equal(result.structuredContent.forecast.length, 6);
+    const shown = await api("GET", `/api/v1/approvals/${pending.id}`);
+    assert.equal(shown.approval.state, "done");
+    assert.equal(shown.approval.decided_by, "fiona");
   });
 });
