@@ -1324,3 +1324,127 @@ async fn approvers_read_what_changed_in_the_definition_since_the_last_approval(p
         "unescaped definition text"
     );
 }
+
+/// The official Rust SDK (rmcp) as a 2026-07-28 client that declares the tasks extension, over
+/// HTTP: a call that waits for approval is a task; `tasks/get` shows it working, then the call's
+/// result once approved (run once), or a failed task with the approver's reason once denied.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn the_rust_sdk_declaring_tasks_polls_a_task_to_the_result_or_the_refusal(pool: PgPool) {
+    use rmcp::model::{
+        CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
+        GetTaskParams, Implementation, ProtocolVersion, TaskPayload, TaskStatus,
+    };
+    use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let p = Payments::new(pool).await;
+    p.rule(json!({"approvers": ["admin"]})).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let router = p.app.router.clone();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await
+    });
+    let mut config =
+        StreamableHttpClientTransportConfig::with_uri(url).auth_header(p.token.clone());
+    config.allow_stateless = true;
+    let client = ClientConfig::new(
+        ClientCapabilities::builder().enable_tasks().build(),
+        Implementation::new("toolgate-approvals-test", "1.0.0"),
+    )
+    .serve_with_lifecycle(
+        StreamableHttpClientTransport::from_config(config),
+        ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        },
+    )
+    .await
+    .unwrap();
+    let call = |amount: i64| {
+        let client = &client;
+        async move {
+            let args = json!({"amount": amount, "to": "dana"});
+            let response = client
+                .call_tool_once(
+                    CallToolRequestParams::new("payments__transfer")
+                        .with_arguments(args.as_object().unwrap().clone()),
+                )
+                .await
+                .unwrap();
+            let CallToolResponse::Task(created) = response else {
+                panic!("expected a task, got {response:?}");
+            };
+            assert_eq!(created.task.status, TaskStatus::Working);
+            created.task.task_id.clone()
+        }
+    };
+    let settle = |id: String| {
+        let client = &client;
+        async move {
+            for _ in 0..200 {
+                let got = client
+                    .peer()
+                    .get_task(GetTaskParams::new(id.clone()))
+                    .await
+                    .unwrap();
+                if got.task.status().is_terminal() {
+                    return got.task.payload;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            panic!("task {id} did not settle");
+        }
+    };
+
+    let first = call(40).await;
+    let polled = client
+        .peer()
+        .get_task(GetTaskParams::new(first.clone()))
+        .await
+        .unwrap();
+    assert_eq!(polled.task.status(), TaskStatus::Working, "{polled:?}");
+    assert!(p.runs().is_empty());
+    let ok = p
+        .app
+        .admin("POST", &format!("/api/v1/approvals/{first}/approve"), None)
+        .await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.text);
+    let TaskPayload::Completed { result } = settle(first).await else {
+        panic!("the approved task did not complete");
+    };
+    let result: CallToolResult = serde_json::from_value(Value::Object(result)).unwrap();
+    assert_eq!(result.is_error, Some(false), "{result:?}");
+    assert_eq!(
+        result.structured_content.unwrap()["sent"],
+        json!({"amount": 40, "to": "dana"})
+    );
+    assert_eq!(p.runs().len(), 1);
+
+    let second = call(41).await;
+    let no = p
+        .app
+        .admin(
+            "POST",
+            &format!("/api/v1/approvals/{second}/deny"),
+            Some(json!({"reason": "not this month"})),
+        )
+        .await;
+    assert_eq!(no.status, StatusCode::OK, "{}", no.text);
+    let TaskPayload::Failed { error } = settle(second).await else {
+        panic!("the denied task did not fail");
+    };
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("not this month"),
+        "{error:?}"
+    );
+    assert_eq!(p.runs().len(), 1, "the denied call ran");
+    client.cancel().await.unwrap();
+}
