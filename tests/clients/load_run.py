@@ -8,6 +8,7 @@ Standard library only.
 
 import base64
 import collections
+import concurrent.futures
 import json
 import os
 import urllib.error
@@ -56,10 +57,16 @@ def main():
         ("POST", "/tools/search/query", {"q": "deploy"}),  # not granted to meteo
     ]
     seen = collections.Counter()
-    for i in range(40):  # meteo's burst is 10: the later ones are rate limited
+    for i in range(10):
         method, route, body = mix[i % len(mix)]
         status, _ = http(method, route, body, bearer)
         seen[(route, status)] += 1
+    # A burst past meteo's limit (5/s, burst 10): sent at once, so that it is one however slow
+    # each call is on a busy machine (one by one, a slow script lets the bucket refill).
+    burst = "/tools/weather/current?city=Paris"
+    with concurrent.futures.ThreadPoolExecutor(max_workers=30) as pool:
+        for status, _ in pool.map(lambda _: http("GET", burst, None, bearer), range(30)):
+            seen[(burst, status)] += 1
     for (route, status), n in sorted(seen.items()):
         print(f"{n:3d} x {status} {route}")
     statuses = {s for (_, s) in seen}
