@@ -514,6 +514,7 @@ async fn main() {
             &json!({"n": i}),
             &state.settings.output,
             &Default::default(),
+            &[],
         )
         .await;
         sandboxed.push(t.elapsed());

@@ -68,6 +68,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Agent { api, command } => crate::cli_api::agent(api, command).await,
         Command::Grant { api, command } => crate::cli_api::grant(api, command).await,
         Command::User { api, command } => crate::cli_api::user(api, command).await,
+        Command::Secrets { command } => secrets_command(command).await,
         Command::Keys {
             command: KeysCommand::Rotate { db: db_args },
         } => {
@@ -75,6 +76,28 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             db::migrate(&pool, &db_args.database_url).await?;
             let kid = service::keys::rotate(&pool, "cli").await?;
             println!("{}", serde_json::json!({"kid": kid}));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn secrets_command(command: crate::config::SecretsCommand) -> anyhow::Result<ExitCode> {
+    use crate::config::SecretsCommand;
+    match command {
+        SecretsCommand::Keygen { id } => {
+            // Checked as the server will parse it.
+            let key = crate::credentials::KeyRing::generate(&id)?;
+            crate::credentials::KeyRing::parse(std::slice::from_ref(&key))
+                .map_err(|e| anyhow::anyhow!(e))?;
+            println!("{key}");
+            Ok(ExitCode::SUCCESS)
+        }
+        SecretsCommand::RotateKek { db: db_args, keys } => {
+            let ring = keys.ring()?;
+            let pool = db::connect_existing(&db_args.database_url, 2).await?;
+            db::migrate(&pool, &db_args.database_url).await?;
+            let done = service::credentials::rotate_kek(&pool, &ring, "cli").await?;
+            println!("{}", serde_json::to_string(&done)?);
             Ok(ExitCode::SUCCESS)
         }
     }

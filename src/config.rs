@@ -87,6 +87,60 @@ pub enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
+    /// The keys that encrypt stored credentials: make one, re-wrap under the first.
+    Secrets {
+        #[command(subcommand)]
+        command: SecretsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SecretsCommand {
+    /// Print a new key-encryption key, `<id>:<base64>`, for --credential-key.
+    Keygen {
+        /// The key's id (stored beside each value it wraps).
+        #[arg(long, default_value = "k1")]
+        id: String,
+    },
+    /// Re-wrap every stored credential's data key under the first --credential-key (values
+    /// are not re-encrypted). Safe while serving: instances given both keys open either.
+    RotateKek {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        keys: CredentialKeyArgs,
+    },
+}
+
+/// The key-encryption keys of stored credentials.
+#[derive(Debug, Clone, Args, Default)]
+pub struct CredentialKeyArgs {
+    /// Key-encryption keys of stored credentials, `<id>:<base64 of 32 bytes>` (from `toolgate
+    /// secrets keygen`), comma-separated: the first wraps new values, every one opens. Never
+    /// stored in the database; without one, credentials can be neither stored nor used.
+    #[arg(
+        long = "credential-key",
+        env = "TOOLGATE_CREDENTIAL_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub credential_keys: Vec<String>,
+    /// A file of such keys, one per line (after any --credential-key).
+    #[arg(long, env = "TOOLGATE_CREDENTIAL_KEY_FILE")]
+    pub credential_key_file: Option<PathBuf>,
+}
+
+impl CredentialKeyArgs {
+    /// The key ring these arguments name.
+    pub fn ring(&self) -> anyhow::Result<crate::credentials::KeyRing> {
+        let mut specs = self.credential_keys.clone();
+        if let Some(path) = &self.credential_key_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+            specs.extend(text.lines().map(str::to_owned));
+        }
+        crate::credentials::KeyRing::parse(&specs).map_err(|e| anyhow::anyhow!(e))
+    }
 }
 
 /// Where the admin API is, and its token.
@@ -182,6 +236,8 @@ pub struct DbArgs {
 pub struct ServeArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    #[command(flatten)]
+    pub credential_keys: CredentialKeyArgs,
     #[command(flatten)]
     pub perimeter: PerimeterArgs,
     /// Address to listen on.

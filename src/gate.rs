@@ -76,6 +76,9 @@ pub enum Refused {
     },
     /// The approval store could not be reached, so the call that needs approval did not run.
     ApprovalUnavailable,
+    /// A credential slot of the tool's group has no value for this caller (or it does not
+    /// open): the message names the slot and how to fill it.
+    CredentialMissing { tool: Arc<Tool>, message: String },
 }
 
 /// How a call that reached its tool ended. Serializable: an approved call's outcome is kept
@@ -643,15 +646,48 @@ impl<'a> Gate<'a> {
         tool: Arc<Tool>,
         args: Value,
         redacted: Option<String>,
-        secrets: Vec<String>,
+        mut secrets: Vec<String>,
         bytes_in: Option<i64>,
         approval: Option<uuid::Uuid>,
     ) -> Result<CallDone, Refused> {
         let started = Instant::now();
         let name = tool.name.as_str();
+        let mut linked_details = serde_json::Map::new();
+        if let Some(id) = approval {
+            linked_details.insert("approval".into(), serde_json::json!(id));
+        }
+        let credentials = match self.credentials_for(&tool) {
+            Ok(c) => c,
+            Err(message) => {
+                self.metric("credential_missing");
+                let mut e = self.tool_event(EventKind::ToolCall, AuditOutcome::Denied, name);
+                e.arguments = redacted;
+                e.bytes_in = bytes_in;
+                e.error = Some(message.clone());
+                if !linked_details.is_empty() {
+                    e.details = Some(self.details(serde_json::Value::Object(linked_details)));
+                }
+                self.commit(e).await.map_err(Refused::AuditUnavailable)?;
+                return Err(Refused::CredentialMissing { tool, message });
+            }
+        };
+        if !credentials.is_empty() {
+            // Which slot and whose value each call used, never the value.
+            let used: Vec<_> = credentials
+                .iter()
+                .map(|(slot, _)| serde_json::json!({"slot": slot.name, "per": slot.per, "owner": slot.owner}))
+                .collect();
+            linked_details.insert("credentials".into(), serde_json::Value::Array(used));
+            // Whatever the tool says back is scrubbed of them, like redacted arguments.
+            secrets.extend(
+                credentials
+                    .iter()
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned()),
+            );
+        }
         let linked = |e: &mut AuditEvent| {
-            if let Some(id) = approval {
-                e.details = Some(self.details(serde_json::json!({"approval": id})));
+            if !linked_details.is_empty() {
+                e.details = Some(self.details(serde_json::Value::Object(linked_details.clone())));
             }
         };
         let call_id = uuid::Uuid::now_v7().to_string();
@@ -673,8 +709,14 @@ impl<'a> Gate<'a> {
         } else {
             &run_span
         });
+        let env: Vec<(&str, &[u8])> = credentials
+            .iter()
+            .map(|(slot, v)| (slot.name.as_str(), v.as_slice()))
+            .collect();
         let outcome =
-            tracing::Instrument::instrument(self.execute(&tool, args, &trace), run_span).await;
+            tracing::Instrument::instrument(self.execute(&tool, args, &trace, &env), run_span)
+                .await;
+        self.touch_credentials(&credentials);
         let latency = ran.elapsed();
 
         let mut e = self.tool_event(EventKind::ToolResult, outcome.audit_outcome(), name);
@@ -739,17 +781,109 @@ impl<'a> Gate<'a> {
         })
     }
 
+    /// The values of the tool's credential slots for this caller, or why one is missing.
+    fn credentials_for(&self, tool: &Tool) -> Result<Vec<crate::credentials::Opened>, String> {
+        use crate::credentials::{Per, SlotKey};
+        let Execution::Script(spec) = &tool.exec else {
+            return Ok(Vec::new());
+        };
+        let group = &spec.group;
+        let mut out = Vec::with_capacity(group.credentials.len());
+        for slot in group.credentials.iter() {
+            let owner = match slot.per {
+                Per::Agent => self.principal.agent.clone(),
+                Per::Shared => String::new(),
+                Per::Person => match &self.principal.person {
+                    Some(p) => p.clone(),
+                    None => {
+                        return Err(format!(
+                            "`{}` needs the credential `{}` of the person it acts for, and this call is made with the agent's own credentials, for no person: call it from a host a person signed in to",
+                            tool.name, slot.name
+                        ));
+                    }
+                },
+            };
+            let key = SlotKey {
+                per: slot.per,
+                owner,
+                group: group.name.to_string(),
+                name: slot.name.to_string(),
+            };
+            let fill = match slot.per {
+                Per::Agent => format!(
+                    "an admin sets it with PUT /api/v1/agents/{}/credentials/{}/{}",
+                    key.owner, key.group, key.name
+                ),
+                Per::Person => format!(
+                    "the person (or an admin) sets it with PUT /api/v1/users/{}/credentials/{}/{}",
+                    key.owner, key.group, key.name
+                ),
+                Per::Shared => format!(
+                    "an admin sets it with PUT /api/v1/credentials/{}/{}",
+                    key.group, key.name
+                ),
+            };
+            match self.state.credentials.value(&key) {
+                Ok(Some(v)) => out.push((key, v)),
+                Ok(None) => {
+                    return Err(format!(
+                        "`{}` needs the credential `{}` ({} slot of group `{}`), which has no value for {}: {fill}",
+                        tool.name,
+                        key.name,
+                        key.per.as_str(),
+                        key.group,
+                        match key.per {
+                            Per::Agent => format!("agent `{}`", key.owner),
+                            Per::Person => format!("person `{}`", key.owner),
+                            Per::Shared => "anyone".into(),
+                        },
+                    ));
+                }
+                Err(e) => {
+                    tracing::error!(slot = %key.name, group = %key.group, error = %e, "a stored credential does not open");
+                    return Err(format!(
+                        "`{}` needs the credential `{}` of group `{}`, and its stored value cannot be used ({e}); {fill}",
+                        tool.name, key.name, key.group
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Notes, in the background and at most once a minute per slot, that these were used.
+    fn touch_credentials(&self, used: &[crate::credentials::Opened]) {
+        let due: Vec<_> = used
+            .iter()
+            .map(|(k, _)| k)
+            .filter(|k| self.state.credentials.due_for_touch(k))
+            .cloned()
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let db = self.state.db.clone();
+        tokio::spawn(async move {
+            if let Ok(mut conn) = db.acquire().await
+                && let Err(e) = crate::db::credentials::touch(&mut conn, &due).await
+            {
+                tracing::debug!(error = %e, "noting a credential's last use failed");
+            }
+        });
+    }
+
     /// Runs the tool: its script, or a call to its upstream.
     async fn execute(
         &self,
         tool: &Tool,
         args: Value,
         trace: &crate::telemetry::TraceContext,
+        credentials: &[(&str, &[u8])],
     ) -> Outcome {
         match &tool.exec {
-            Execution::Script(spec) => {
-                Outcome::Script(runner::run(spec, &args, &self.state.settings.output, trace).await)
-            }
+            Execution::Script(spec) => Outcome::Script(
+                runner::run(spec, &args, &self.state.settings.output, trace, credentials).await,
+            ),
             Execution::Upstream {
                 upstream,
                 tool: original,

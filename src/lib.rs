@@ -12,6 +12,7 @@ pub mod cli;
 mod cli_api;
 pub mod config;
 pub mod cost;
+pub mod credentials;
 pub mod db;
 pub mod gate;
 pub mod http;

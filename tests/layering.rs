@@ -9,9 +9,20 @@ use std::path::{Path, PathBuf};
 
 /// Modules that must not depend on the app or a surface: the live state, the one call path, the
 /// control-plane services and what they build on.
-const CORE: [&str; 12] = [
-    "state", "gate", "service", "search", "upstream", "pool", "policy", "audit", "db", "auth",
-    "limits", "names",
+const CORE: [&str; 13] = [
+    "state",
+    "gate",
+    "service",
+    "search",
+    "upstream",
+    "pool",
+    "policy",
+    "audit",
+    "db",
+    "auth",
+    "limits",
+    "names",
+    "credentials",
 ];
 /// What they must not name.
 const FORBIDDEN: [&str; 8] = [

@@ -15,6 +15,7 @@ use crate::state::AppState;
 mod agents;
 mod audit;
 mod clients;
+mod credentials;
 pub mod openapi;
 mod tools;
 mod users;
@@ -22,6 +23,7 @@ mod users;
 pub fn router(state: AppState) -> Router<AppState> {
     Router::new()
         .merge(agents::routes())
+        .merge(credentials::routes())
         .merge(clients::routes())
         .merge(tools::routes())
         .merge(users::routes())

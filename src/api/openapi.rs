@@ -8,7 +8,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 
-use super::{agents, audit, clients, tools, users};
+use super::{agents, audit, clients, credentials, tools, users};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -28,6 +28,15 @@ use super::{agents, audit, clients, tools, users};
         agents::put_approval,
         agents::delete_approval,
         agents::list_approvals,
+        credentials::put_agent,
+        credentials::delete_agent,
+        credentials::list_agent,
+        credentials::put_person,
+        credentials::delete_person,
+        credentials::list_person,
+        credentials::put_shared,
+        credentials::delete_shared,
+        credentials::list_shared,
         agents::get_approval,
         agents::approve,
         agents::deny,
@@ -82,6 +91,7 @@ use super::{agents, audit, clients, tools, users};
         (name = "clients", description = "OAuth clients, host registrations and authorizations, token revocation"),
         (name = "tools", description = "The tool pool, groups, pins and held tools, upstream MCP servers"),
         (name = "users", description = "People of the admin UI and hosts"),
+        (name = "credentials", description = "Values for tool groups' credential slots, per agent, per person or shared: write-only, encrypted at rest"),
         (name = "audit", description = "The audit log: read and export (each read is itself on record)"),
     )
 )]

@@ -303,6 +303,11 @@ text_enum! {
         AuthorizationRevoke = "authorization.revoke",
         ClientCreate = "client.create",
         ClientDelete = "client.delete",
+        CredentialDelete = "credential.delete",
+        /// Stored or replaced (the value is never on record).
+        CredentialSet = "credential.set",
+        /// Every value's data key re-wrapped under a new key-encryption key.
+        CredentialRekey = "credential.rekey",
         GrantCreate = "grant.create",
         GrantDelete = "grant.delete",
         GroupDelete = "group.delete",

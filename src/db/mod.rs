@@ -14,6 +14,7 @@ pub mod authorizations;
 pub mod catalog;
 pub mod checkpoints;
 pub mod clients;
+pub mod credentials;
 pub mod grants;
 pub mod groups;
 pub mod keys;

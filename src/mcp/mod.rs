@@ -268,6 +268,7 @@ fn refused(r: Refused) -> McpError {
         Refused::UnknownTool(name) => {
             McpError::invalid_params(format!("Unknown tool: {name}"), None)
         }
+        Refused::CredentialMissing { message, .. } => McpError::invalid_request(message, None),
         Refused::InvalidArguments { tool, violations } => McpError::invalid_params(
             format!(
                 "invalid arguments for {}: {}",
@@ -730,6 +731,8 @@ async fn call(
             Ok(tool_error(text))
         }
         Err(Refused::RateLimited { retry_after, .. }) => Ok(rate_limited_call(retry_after)),
+        // Read by the model (and its person): which credential is missing, and who sets it.
+        Err(Refused::CredentialMissing { message, .. }) => Ok(tool_error(message)),
         Err(Refused::Approval { ticket, .. }) if waits == Waits::Task && ticket.waiting() => {
             Ok(CallToolResponse::Task(approval_task(&ticket)))
         }

@@ -226,7 +226,9 @@ impl Parts {
     pub const AUTHORIZATIONS: Parts = Parts(1 << 5);
     /// Not in [`PolicyState`]: the upstream supervisors follow the `upstreams` table.
     pub const UPSTREAMS: Parts = Parts(1 << 6);
-    pub const ALL: Parts = Parts((1 << 7) - 1);
+    /// Not in [`PolicyState`]: the sealed credentials, held by the credential store.
+    pub const CREDENTIALS: Parts = Parts(1 << 7);
+    pub const ALL: Parts = Parts(u8::MAX);
     /// Every part held in [`PolicyState`].
     pub const ALL_STATE: Parts = Parts((1 << 6) - 1);
 
@@ -250,6 +252,7 @@ impl Parts {
             "tool_groups" | "tool_approvals" => Parts::PINS,
             "oauth_authorizations" => Parts::AUTHORIZATIONS,
             "upstreams" => Parts::UPSTREAMS,
+            "credentials" => Parts::CREDENTIALS,
             _ => Parts::ALL,
         }
     }

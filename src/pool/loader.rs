@@ -278,6 +278,8 @@ pub fn load_group(
             ));
         }
     };
+    let credentials = parse_credential_slots(doc.get("x-toolgate-credentials"), &env)
+        .map_err(|e| fail(&spec_file, format!("`x-toolgate-credentials`: {e}")))?;
     super::env::warn_if_borrowed_before(settings.script_env.as_ref(), &group, &env);
     let audit = match doc.get("x-toolgate-audit") {
         None => crate::audit::AuditPolicy::default(),
@@ -574,6 +576,7 @@ pub fn load_group(
         name: group.into_boxed_str(),
         workdir: folder.to_path_buf(),
         env: env.into_boxed_slice(),
+        credentials: credentials.into_boxed_slice(),
         script_env: settings.script_env.clone(),
         settings: group_settings.to_string().into_boxed_str(),
         sandbox,
@@ -993,6 +996,50 @@ pub fn restored_since(previous: &Catalog, tools: &[Arc<Tool>]) -> Vec<Restored> 
         }
     }
     out
+}
+
+/// `x-toolgate-credentials`: `{"<NAME>": {"per": "agent"|"person"|"shared", "inject": "env"}}`,
+/// checked like `x-toolgate-env` names and not declared twice.
+fn parse_credential_slots(
+    value: Option<&Value>,
+    env: &[ScriptVar],
+) -> Result<Vec<super::CredentialSlot>, String> {
+    let Some(value) = value else {
+        return Ok(Vec::new());
+    };
+    let Value::Object(slots) = value else {
+        return Err("must be an object of slot names".into());
+    };
+    let mut out = Vec::with_capacity(slots.len());
+    for (name, spec) in slots {
+        let var = ScriptVar::parse(name)?;
+        if env.contains(&var) {
+            return Err(format!(
+                "`{name}` is also in `x-toolgate-env`: a variable has one source"
+            ));
+        }
+        let per = spec
+            .get("per")
+            .and_then(Value::as_str)
+            .and_then(crate::credentials::Per::parse)
+            .ok_or_else(|| format!("`{name}`: `per` must be `agent`, `person` or `shared`"))?;
+        match spec.get("inject").and_then(Value::as_str) {
+            None | Some("env") => {}
+            Some(other) => {
+                return Err(format!(
+                    "`{name}`: a script gets credentials in its environment (`inject: env`), not `{other}`"
+                ));
+            }
+        }
+        if let Some(extra) = spec
+            .as_object()
+            .and_then(|o| o.keys().find(|k| !matches!(k.as_str(), "per" | "inject")))
+        {
+            return Err(format!("`{name}`: unknown key `{extra}`"));
+        }
+        out.push(super::CredentialSlot { name: var, per });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

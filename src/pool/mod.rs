@@ -212,6 +212,13 @@ impl PartialEq<ContentHash> for String {
     }
 }
 
+/// A credential a group's scripts need, in their environment under `name`, valued per `per`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialSlot {
+    pub name: env::ScriptVar,
+    pub per: crate::credentials::Per,
+}
+
 /// What the tools of one script folder share: one allocation for the whole group, not a copy
 /// in each of its tools (a pool of 100,000 tools held ~130 bytes of these per tool).
 #[derive(Debug)]
@@ -222,6 +229,8 @@ pub struct ScriptGroup {
     pub workdir: PathBuf,
     /// The variables the group declares (`x-toolgate-env`), besides the fixed ones.
     pub env: Box<[env::ScriptVar]>,
+    /// The credentials its scripts need (`x-toolgate-credentials`), each filled per caller.
+    pub credentials: Box<[CredentialSlot]>,
     /// Where the declared variables get their values: never the gateway's own environment.
     pub script_env: Arc<dyn env::ScriptEnv>,
     /// Every top-level `x-toolgate-*` setting of the group's document, as canonical JSON text:

@@ -109,6 +109,7 @@ pub async fn run(
     args: &Value,
     limits: &OutputLimits,
     trace: &TraceContext,
+    credentials: &[(&str, &[u8])],
 ) -> ScriptOutcome {
     let started = Instant::now();
     let script = spec.script();
@@ -134,6 +135,13 @@ pub async fn run(
         if let Some(value) = spec.group.script_env.value(request) {
             env.push((name.as_str().into(), value));
         }
+    }
+    // The caller's credentials for the group's slots (the gate resolved them for this
+    // principal only).
+    for (name, value) in credentials {
+        use std::os::unix::ffi::OsStringExt;
+        env.retain(|(n, _)| n != name);
+        env.push(((*name).into(), OsString::from_vec(value.to_vec())));
     }
     // Set after the allowed variables: the gateway's own TRACEPARENT, if it has one, is not
     // this call's.

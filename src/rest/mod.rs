@@ -248,6 +248,13 @@ fn refused(r: Refused) -> Response {
         )
             .into_response(),
         Refused::UnknownTool(_) => not_found(),
+        // The caller may see the tool; what it lacks is its own credential, which someone
+        // can set: a conflict with the state of the gateway, not a refusal of the caller.
+        Refused::CredentialMissing { message, .. } => (
+            StatusCode::CONFLICT,
+            Json(json!({"error": message})),
+        )
+            .into_response(),
         Refused::RateLimited {
             retry_after,
             policy,

@@ -404,6 +404,7 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
                     name: group.into(),
                     workdir: PathBuf::new(),
                     env: Box::default(),
+                    credentials: Box::default(),
                     script_env: Arc::new(crate::pool::env::PrefixedEnv::default()),
                     settings: "{}".into(),
                     sandbox: Default::default(),

@@ -34,6 +34,8 @@ pub struct Inner {
     pub verified_tokens: crate::auth::token::VerifiedTokens,
     /// Client ID Metadata Documents, fetched and cached.
     pub cimd: crate::auth::cimd::CimdCache,
+    /// Stored credentials, sealed, and the keys that open them.
+    pub credentials: crate::credentials::CredentialStore,
     /// Set at SIGTERM: `/readyz` answers 503 and responses close their connections.
     draining: std::sync::atomic::AtomicBool,
     /// HTTP requests being served now (what a drain waits for).
@@ -97,6 +99,7 @@ impl AppState {
                 settings.cimd_allow_private,
                 settings.cimd_roots.clone(),
             ),
+            credentials: crate::credentials::CredentialStore::new(settings.credential_keys.clone()),
             settings,
             db,
             policy: PolicyHandle::default(),
@@ -247,6 +250,11 @@ impl AppState {
         }
         if parts.contains(Parts::UPSTREAMS) {
             self.reconcile_upstreams().await?;
+        }
+        if parts.contains(Parts::CREDENTIALS) {
+            let mut conn = self.db.acquire().await?;
+            self.credentials
+                .replace(db::credentials::load_sealed(&mut conn).await?);
         }
         self.refresh_gauges();
         if self.policy.load().held_count() > 0 {

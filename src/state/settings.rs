@@ -58,6 +58,8 @@ pub struct Settings {
     pub approval_webhook_secret: Option<String>,
     /// How long a modern client's retry waits for a decision.
     pub approval_hold: Duration,
+    /// The keys that open stored credentials (empty: none can be stored or used).
+    pub credential_keys: Arc<crate::credentials::KeyRing>,
 }
 
 impl Settings {
@@ -156,6 +158,7 @@ impl Settings {
             instance: crate::audit::instance_name().to_owned(),
             approval_webhooks,
             approval_hold: Duration::from_secs(args.approval_hold_secs.min(120)),
+            credential_keys: Arc::new(args.credential_keys.ring()?),
             approval_webhook_secret: args
                 .approval_webhook_secret
                 .clone()

@@ -35,6 +35,7 @@ mod search;
 mod shared;
 mod siem;
 mod sinks;
+mod stored_credentials;
 mod strangers;
 mod tokens;
 mod upstream;

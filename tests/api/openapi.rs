@@ -11,7 +11,14 @@ use crate::helpers::{TestApp, repo_path};
 /// the document is generated from annotations, so this is what could drift from it.
 fn routes_in_source() -> BTreeSet<(String, String)> {
     let mut out = BTreeSet::new();
-    for module in ["agents", "audit", "clients", "tools", "users"] {
+    for module in [
+        "agents",
+        "audit",
+        "clients",
+        "credentials",
+        "tools",
+        "users",
+    ] {
         let src = std::fs::read_to_string(repo_path(&format!("src/api/{module}.rs"))).unwrap();
         let flat: String = src.split_whitespace().collect::<Vec<_>>().join(" ");
         for call in flat.split(".route(").skip(1) {

@@ -1,0 +1,196 @@
+//! Stored credentials: sealed values per slot and owner. Values are never read back out of
+//! this module except sealed; only `credentials` opens them.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::json;
+use sqlx::PgConnection;
+
+use crate::audit::AdminAction;
+use crate::credentials::{Per, Sealed, SlotKey};
+
+/// What may be shown of a stored credential: never its value.
+#[derive(Debug, Clone, Serialize)]
+pub struct CredentialInfo {
+    pub per: String,
+    pub owner: String,
+    pub group: String,
+    pub name: String,
+    pub kek_id: String,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub last_used_at: Option<DateTime<Utc>>,
+}
+
+/// Every sealed credential, for the in-memory store.
+pub async fn load_sealed(conn: &mut PgConnection) -> sqlx::Result<HashMap<SlotKey, Sealed>> {
+    let rows = sqlx::query!(
+        "SELECT owner_kind, owner, group_name, name, kek_id, wrapped_key, ciphertext FROM credentials"
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| {
+            let per = Per::parse(&r.owner_kind)?;
+            Some((
+                SlotKey {
+                    per,
+                    owner: r.owner,
+                    group: r.group_name,
+                    name: r.name,
+                },
+                Sealed {
+                    kek_id: r.kek_id,
+                    wrapped_key: r.wrapped_key,
+                    ciphertext: r.ciphertext,
+                },
+            ))
+        })
+        .collect())
+}
+
+fn resource(slot: &SlotKey) -> String {
+    match slot.per {
+        Per::Shared => format!("credential:shared/{}/{}", slot.group, slot.name),
+        per => format!(
+            "credential:{}:{}/{}/{}",
+            per.as_str(),
+            slot.owner,
+            slot.group,
+            slot.name
+        ),
+    }
+}
+
+/// Stores `sealed` for `slot`, on record by name (never the value).
+pub async fn put(
+    conn: &mut PgConnection,
+    actor: &str,
+    slot: &SlotKey,
+    sealed: &Sealed,
+) -> sqlx::Result<()> {
+    let replaced = sqlx::query_scalar!(
+        r#"INSERT INTO credentials (owner_kind, owner, group_name, name, kek_id, wrapped_key, ciphertext, created_by)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (owner_kind, owner, group_name, name) DO UPDATE
+             SET kek_id = EXCLUDED.kek_id, wrapped_key = EXCLUDED.wrapped_key,
+                 ciphertext = EXCLUDED.ciphertext, created_by = EXCLUDED.created_by,
+                 updated_at = now()
+         RETURNING (xmax <> 0) AS "replaced!""#,
+        slot.per.as_str(),
+        slot.owner,
+        slot.group,
+        slot.name,
+        sealed.kek_id,
+        sealed.wrapped_key,
+        sealed.ciphertext,
+        actor,
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let shown = json!({"per": slot.per, "owner": slot.owner, "group": slot.group, "name": slot.name, "value": "[stored]"});
+    crate::db::record_change(
+        conn,
+        actor,
+        AdminAction::CredentialSet,
+        &resource(slot),
+        replaced.then(|| shown.clone()),
+        Some(shown),
+    )
+    .await
+}
+
+/// Deletes the value of `slot`; `false` when there was none.
+pub async fn delete(conn: &mut PgConnection, actor: &str, slot: &SlotKey) -> sqlx::Result<bool> {
+    let gone = sqlx::query!(
+        "DELETE FROM credentials WHERE owner_kind = $1 AND owner = $2 AND group_name = $3 AND name = $4",
+        slot.per.as_str(),
+        slot.owner,
+        slot.group,
+        slot.name,
+    )
+    .execute(&mut *conn)
+    .await?
+    .rows_affected()
+        > 0;
+    if gone {
+        crate::db::record_change(
+            conn,
+            actor,
+            AdminAction::CredentialDelete,
+            &resource(slot),
+            Some(json!({"per": slot.per, "owner": slot.owner, "group": slot.group, "name": slot.name})),
+            None,
+        )
+        .await?;
+    }
+    Ok(gone)
+}
+
+/// The credentials of one owner (`per`, `owner`), names and dates only.
+pub async fn list(
+    conn: &mut PgConnection,
+    per: Per,
+    owner: &str,
+) -> sqlx::Result<Vec<CredentialInfo>> {
+    sqlx::query_as!(
+        CredentialInfo,
+        r#"SELECT owner_kind AS per, owner, group_name AS "group", name, kek_id, created_by,
+                  created_at, updated_at, last_used_at
+           FROM credentials WHERE owner_kind = $1 AND owner = $2
+           ORDER BY group_name, name"#,
+        per.as_str(),
+        owner,
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// Notes that these slots' values were used now.
+pub async fn touch(conn: &mut PgConnection, slots: &[SlotKey]) -> sqlx::Result<()> {
+    for slot in slots {
+        sqlx::query!(
+            "UPDATE credentials SET last_used_at = now()
+             WHERE owner_kind = $1 AND owner = $2 AND group_name = $3 AND name = $4",
+            slot.per.as_str(),
+            slot.owner,
+            slot.group,
+            slot.name,
+        )
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Replaces the wrapping of one value, if it is still `from` (a value set meanwhile is left
+/// as it is); `true` when replaced.
+pub async fn rewrap(
+    conn: &mut PgConnection,
+    slot: &SlotKey,
+    from: &Sealed,
+    to: &Sealed,
+) -> sqlx::Result<bool> {
+    Ok(sqlx::query!(
+        "UPDATE credentials SET kek_id = $5, wrapped_key = $6
+         WHERE owner_kind = $1 AND owner = $2 AND group_name = $3 AND name = $4
+           AND kek_id = $7 AND wrapped_key = $8 AND ciphertext = $9",
+        slot.per.as_str(),
+        slot.owner,
+        slot.group,
+        slot.name,
+        to.kek_id,
+        to.wrapped_key,
+        from.kek_id,
+        from.wrapped_key,
+        from.ciphertext,
+    )
+    .execute(conn)
+    .await?
+    .rows_affected()
+        > 0)
+}
