@@ -54,6 +54,11 @@ async fn list_agents(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     for a in agents.iter_mut().filter(|a| !a.approvals.is_empty()) {
         a.approval_problems = service::approvals::problems(&state, &a.name).await?;
     }
+    for a in agents.iter_mut() {
+        if let Some(view) = snapshot.agent(&a.name) {
+            a.credential_problems = service::credentials::problems(&state, view);
+        }
+    }
     Ok(Json(json!({"agents": agents})))
 }
 
@@ -110,6 +115,7 @@ async fn get_agent(
     let agent = snapshot
         .agent(&name)
         .ok_or_else(|| ServiceError::NotFound(format!("agent `{name}`")))?;
+    summary.credential_problems = service::credentials::problems(&state, agent);
     let tools: Vec<&str> = agent.visible.iter().map(|t| t.name.as_str()).collect();
     // What its tools/list costs (its visible tools against the whole pool) and so how it is
     // served: `auto` resolved against the search token budget.

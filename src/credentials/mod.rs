@@ -325,6 +325,11 @@ impl CredentialStore {
         self.sealed.store(Arc::new(rows));
     }
 
+    /// Whether a value is stored for `slot` (it is not opened).
+    pub fn has(&self, slot: &SlotKey) -> bool {
+        self.sealed.load().contains_key(slot)
+    }
+
     /// Whether `slot`'s last use is due to be written (once a minute at most).
     pub fn due_for_touch(&self, slot: &SlotKey) -> bool {
         let now = std::time::Instant::now();

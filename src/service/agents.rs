@@ -36,6 +36,9 @@ pub struct AgentSummary {
     /// Approval rules that never trigger, or that nobody can decide (the latter only where
     /// the accounts were read: [`crate::service::approvals::problems`]).
     pub approval_problems: Vec<crate::policy::approvals::ApprovalProblem>,
+    /// Credential slots of its tools it cannot fill (filled where the store was read:
+    /// [`crate::service::credentials::problems`]).
+    pub credential_problems: Vec<String>,
 }
 
 pub fn summaries(snapshot: &PolicySnapshot) -> Vec<AgentSummary> {
@@ -61,6 +64,7 @@ pub fn summaries(snapshot: &PolicySnapshot) -> Vec<AgentSummary> {
                 &a.visible,
                 None,
             ),
+            credential_problems: Vec::new(),
         })
         .collect()
 }

@@ -153,3 +153,42 @@ pub async fn rotate_kek(pool: &PgPool, ring: &KeyRing, actor: &str) -> Result<Re
     tx.commit().await?;
     Ok(done)
 }
+
+/// The credential slots an agent's tools have that it cannot fill: its own (`per: agent`) or
+/// the shared ones with no value. Flagged like a zero-match grant: its calls of those tools
+/// would fail. Person slots depend on who signs in, and are not flagged.
+pub fn problems(state: &AppState, agent: &crate::policy::snapshot::AgentView) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for tool in &agent.visible {
+        let crate::pool::Execution::Script(spec) = &tool.exec else {
+            continue;
+        };
+        for slot in spec.group.credentials.iter() {
+            let owner = match slot.per {
+                Per::Agent => agent.record.name.clone(),
+                Per::Shared => String::new(),
+                Per::Person => continue,
+            };
+            let key = SlotKey {
+                per: slot.per,
+                owner,
+                group: spec.group.name.to_string(),
+                name: slot.name.to_string(),
+            };
+            if seen.insert(key.clone()) && !state.credentials.has(&key) {
+                out.push(match slot.per {
+                    Per::Shared => format!(
+                        "group `{}` needs the shared credential `{}`, which is not set: its calls fail until PUT /api/v1/credentials/{}/{}",
+                        key.group, key.name, key.group, key.name
+                    ),
+                    _ => format!(
+                        "group `{}` needs this agent's credential `{}`, which is not set: its calls fail until PUT /api/v1/agents/{}/credentials/{}/{}",
+                        key.group, key.name, key.owner, key.group, key.name
+                    ),
+                });
+            }
+        }
+    }
+    out
+}

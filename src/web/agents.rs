@@ -206,6 +206,8 @@ struct AgentPage {
     approvals: Vec<(String, String)>,
     /// Approval rules that never trigger or that nobody can decide.
     approval_problems: Vec<crate::policy::approvals::ApprovalProblem>,
+    /// Credential slots of its tools it cannot fill.
+    credential_problems: Vec<String>,
     tools: Vec<ToolRow>,
     cost: CostView,
     limits: Vec<LimitRow>,
@@ -283,6 +285,7 @@ pub async fn show(
             .map(|r| (r.target.clone(), r.to_value().to_string()))
             .collect(),
         approval_problems,
+        credential_problems: service::credentials::problems(&state, &agent),
         page: ctx.page(Nav::Agents, format!("Agent {name}")),
         managed: agent.record.managed.is_some(),
         editable: ctx.role().can_edit() && agent.record.managed.is_none(),

@@ -88,6 +88,29 @@ async fn each_agent_gets_its_own_value_and_nobody_sees_one_again(pool: PgPool) {
         StatusCode::OK
     );
 
+    // An agent that cannot fill its tools' slots is flagged, like a zero-match grant.
+    let shown = app.admin("GET", "/api/v1/agents/c", None).await;
+    let flags = shown.body["agent"]["credential_problems"].to_string();
+    assert!(
+        flags.contains("GH_TOKEN") && flags.contains("/api/v1/agents/c/credentials/gh/GH_TOKEN"),
+        "{}",
+        shown.text
+    );
+    let shown = app.admin("GET", "/api/v1/agents/a", None).await;
+    assert_eq!(
+        shown.body["agent"]["credential_problems"],
+        json!([]),
+        "{}",
+        shown.text
+    );
+    let mut ada = crate::web::Browser::signed_in(&app, "ada", "admin").await;
+    let page = ada.get("/admin/agents/c").await;
+    assert!(
+        page.text.contains("data-problem=\"credential\""),
+        "{}",
+        page.text
+    );
+
     // REST and MCP: each agent's script sees its own value, and the shared one.
     let r = app.post_json("/tools/gh/whoami", Some(&a), json!({})).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
