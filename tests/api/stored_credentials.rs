@@ -314,3 +314,52 @@ async fn without_a_key_nothing_is_stored_and_the_call_says_why(pool: PgPool) {
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
     let _: &Value = &r.body;
 }
+
+/// The cost of a call that uses a stored credential (opened for the call: two AES-GCM opens)
+/// next to the same script with a value of its own (no slot), interleaved in one run. A benchmark, not a timed test:
+/// `cargo nextest run --run-ignored only -E 'test(credential_call_cost)' --no-capture`.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+#[ignore = "a measurement; run on its own"]
+async fn credential_call_cost(pool: PgPool) {
+    let dir = tempfile::tempdir().unwrap();
+    // The same script either way; without the slot it uses a value of its own.
+    let script = "#!/bin/sh\ncat >/dev/null\nTOKEN=${TOKEN:-static-token-value}\nprintf '{\"n\":%s}' \"${#TOKEN}\"\n";
+    let mut stored = single_op("run", json!({"type": "object"}), json!({}));
+    stored["x-toolgate-credentials"] = json!({"TOKEN": {"per": "agent"}});
+    write_group(dir.path(), "stored", &stored, &[("run.sh", script)]);
+    let fixed = single_op("run", json!({"type": "object"}), json!({}));
+    write_group(dir.path(), "fixed", &fixed, &[("run.sh", script)]);
+    let app = app_with(pool, dir.path(), &key("k1")).await;
+    let t = app.agent("bench", &["stored", "fixed"]).await;
+    put(
+        &app,
+        "/api/v1/agents/bench/credentials/stored/TOKEN",
+        "stored-token-value",
+    )
+    .await;
+    let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..420 {
+        for (i, path) in ["/tools/stored/run", "/tools/fixed/run"]
+            .into_iter()
+            .enumerate()
+        {
+            let started = std::time::Instant::now();
+            let r = app.post_json(path, Some(&t), json!({})).await;
+            let us = started.elapsed().as_secs_f64() * 1e6;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+            assert_eq!(r.body["n"], 18, "{}", r.text);
+            if round >= 20 {
+                times[i].push(us);
+            }
+        }
+    }
+    let p50 = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[(v.len() - 1) / 2]
+    };
+    let (s50, f50) = (p50(&mut times[0]), p50(&mut times[1]));
+    println!(
+        "call p50: stored per-agent credential {s50:.0} µs, same script without a slot {f50:.0} µs; ratio {:.3}",
+        s50 / f50
+    );
+}
