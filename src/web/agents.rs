@@ -285,7 +285,7 @@ pub async fn show(
             .map(|r| (r.target.clone(), r.to_value().to_string()))
             .collect(),
         approval_problems,
-        credential_problems: service::credentials::problems(&state, &agent),
+        credential_problems: service::credentials::problems(&state, agent),
         page: ctx.page(Nav::Agents, format!("Agent {name}")),
         managed: agent.record.managed.is_some(),
         editable: ctx.role().can_edit() && agent.record.managed.is_none(),
