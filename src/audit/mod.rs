@@ -494,7 +494,7 @@ mod tests {
     /// them); every one parses back; a word nobody records is an error listing those that are.
     #[test]
     fn kinds_outcomes_and_admin_actions_are_the_stored_words() {
-        assert_eq!(AdminAction::ALL.len(), 36);
+        assert_eq!(AdminAction::ALL.len(), 39);
         assert_eq!(
             AdminAction::PublicClientRegister.as_str(),
             "public_client.register"
