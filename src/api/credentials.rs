@@ -15,20 +15,20 @@ use crate::state::AppState;
 
 pub(super) fn routes() -> Router<AppState> {
     Router::new()
-        .route("/agents/{name}/credentials", get(list_agent))
+        .route("/agents/{name}/credentials", get(list_agent_credentials))
         .route(
             "/agents/{name}/credentials/{group}/{slot}",
-            put(put_agent).delete(delete_agent),
+            put(put_agent_credential).delete(delete_agent_credential),
         )
-        .route("/users/{name}/credentials", get(list_person))
+        .route("/users/{name}/credentials", get(list_person_credentials))
         .route(
             "/users/{name}/credentials/{group}/{slot}",
-            put(put_person).delete(delete_person),
+            put(put_person_credential).delete(delete_person_credential),
         )
-        .route("/credentials", get(list_shared))
+        .route("/credentials", get(list_shared_credentials))
         .route(
             "/credentials/{group}/{slot}",
-            put(put_shared).delete(delete_shared),
+            put(put_shared_credential).delete(delete_shared_credential),
         )
 }
 
@@ -87,7 +87,7 @@ async fn list_of(state: &AppState, per: Per, owner: &str) -> ApiResult<Json<Valu
     request_body = CredentialValue,
     responses((status = 200, body = serde_json::Value, description = "Stored; the value is never shown again"))
 )]
-async fn put_agent(
+async fn put_agent_credential(
     State(state): State<AppState>,
     Path((name, group, slot)): Path<(String, String, String)>,
     body: axum::body::Bytes,
@@ -103,7 +103,7 @@ async fn put_agent(
     params(("name" = String, Path), ("group" = String, Path), ("slot" = String, Path)),
     responses((status = 204, description = "Deleted"))
 )]
-async fn delete_agent(
+async fn delete_agent_credential(
     State(state): State<AppState>,
     Path((name, group, slot)): Path<(String, String, String)>,
 ) -> ApiResult<StatusCode> {
@@ -118,7 +118,7 @@ async fn delete_agent(
     params(("name" = String, Path)),
     responses((status = 200, body = serde_json::Value, description = "The agent's credentials"))
 )]
-async fn list_agent(
+async fn list_agent_credentials(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<Value>> {
@@ -134,7 +134,7 @@ async fn list_agent(
     request_body = CredentialValue,
     responses((status = 200, body = serde_json::Value, description = "Stored; the value is never shown again"))
 )]
-async fn put_person(
+async fn put_person_credential(
     State(state): State<AppState>,
     Path((name, group, slot)): Path<(String, String, String)>,
     body: axum::body::Bytes,
@@ -150,7 +150,7 @@ async fn put_person(
     params(("name" = String, Path), ("group" = String, Path), ("slot" = String, Path)),
     responses((status = 204, description = "Deleted"))
 )]
-async fn delete_person(
+async fn delete_person_credential(
     State(state): State<AppState>,
     Path((name, group, slot)): Path<(String, String, String)>,
 ) -> ApiResult<StatusCode> {
@@ -165,7 +165,7 @@ async fn delete_person(
     params(("name" = String, Path)),
     responses((status = 200, body = serde_json::Value, description = "The person's credentials"))
 )]
-async fn list_person(
+async fn list_person_credentials(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<Value>> {
@@ -181,7 +181,7 @@ async fn list_person(
     request_body = CredentialValue,
     responses((status = 200, body = serde_json::Value, description = "Stored; the value is never shown again"))
 )]
-async fn put_shared(
+async fn put_shared_credential(
     State(state): State<AppState>,
     Path((group, slot)): Path<(String, String)>,
     body: axum::body::Bytes,
@@ -197,7 +197,7 @@ async fn put_shared(
     params(("group" = String, Path), ("slot" = String, Path)),
     responses((status = 204, description = "Deleted"))
 )]
-async fn delete_shared(
+async fn delete_shared_credential(
     State(state): State<AppState>,
     Path((group, slot)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
@@ -211,6 +211,6 @@ async fn delete_shared(
     summary = "Shared stored credentials: names, key and last use, never values",
     responses((status = 200, body = serde_json::Value, description = "The shared credentials"))
 )]
-async fn list_shared(State(state): State<AppState>) -> ApiResult<Json<Value>> {
+async fn list_shared_credentials(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     list_of(&state, Per::Shared, "").await
 }

@@ -62,9 +62,16 @@ async fn the_openapi_document_lists_every_route_and_each_is_served(pool: PgPool)
     );
 
     let mut documented = BTreeSet::new();
+    let mut operation_ids = BTreeSet::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for (method, op) in item.as_object().unwrap() {
             documented.insert((method.to_uppercase(), path.clone()));
+            // Generated from handler names: two modules' handlers of one name would clash.
+            let id = op["operationId"].as_str().unwrap_or_default().to_owned();
+            assert!(
+                operation_ids.insert(id.clone()),
+                "operationId `{id}` is not unique"
+            );
             assert!(op["summary"].is_string(), "{method} {path} has no summary");
             assert!(op["responses"]["401"].is_object(), "{method} {path}");
         }
