@@ -104,6 +104,7 @@ impl Outcome {
                 | UpstreamError::Down(_),
             )) => "upstream_unavailable",
             Outcome::Upstream(Err(UpstreamError::Failed(..))) => "upstream_error",
+            Outcome::Upstream(Err(UpstreamError::Busy(..))) => "busy",
         }
     }
 
@@ -116,6 +117,7 @@ impl Outcome {
             Outcome::Upstream(Ok(r)) if r.is_error == Some(true) => AuditOutcome::ToolError,
             Outcome::Upstream(Ok(_)) => AuditOutcome::Success,
             Outcome::Upstream(Err(UpstreamError::Timeout(..))) => AuditOutcome::Timeout,
+            Outcome::Upstream(Err(UpstreamError::Busy(..))) => AuditOutcome::Busy,
             Outcome::Upstream(Err(_)) => AuditOutcome::ToolError,
         }
     }
@@ -709,13 +711,11 @@ impl<'a> Gate<'a> {
         } else {
             &run_span
         });
-        let env: Vec<(&str, &[u8])> = credentials
-            .iter()
-            .map(|(slot, v)| (slot.name.as_str(), v.as_slice()))
-            .collect();
-        let outcome =
-            tracing::Instrument::instrument(self.execute(&tool, args, &trace, &env), run_span)
-                .await;
+        let outcome = tracing::Instrument::instrument(
+            self.execute(&tool, args, &trace, &credentials),
+            run_span,
+        )
+        .await;
         self.touch_credentials(&credentials);
         let latency = ran.elapsed();
 
@@ -784,12 +784,19 @@ impl<'a> Gate<'a> {
     /// The values of the tool's credential slots for this caller, or why one is missing.
     fn credentials_for(&self, tool: &Tool) -> Result<Vec<crate::credentials::Opened>, String> {
         use crate::credentials::{Per, SlotKey};
-        let Execution::Script(spec) = &tool.exec else {
-            return Ok(Vec::new());
+        let upstream_slots;
+        let (group, slots): (&str, Vec<&crate::pool::CredentialSlot>) = match &tool.exec {
+            Execution::Script(spec) => (&spec.group.name, spec.group.credentials.iter().collect()),
+            Execution::Upstream { upstream, .. } => {
+                upstream_slots = self.state.upstreams.slots(upstream);
+                if upstream_slots.is_empty() {
+                    return Ok(Vec::new());
+                }
+                (upstream, upstream_slots.iter().map(|s| &s.slot).collect())
+            }
         };
-        let group = &spec.group;
-        let mut out = Vec::with_capacity(group.credentials.len());
-        for slot in group.credentials.iter() {
+        let mut out = Vec::with_capacity(slots.len());
+        for slot in slots {
             let owner = match slot.per {
                 Per::Agent => self.principal.agent.clone(),
                 Per::Shared => String::new(),
@@ -806,7 +813,7 @@ impl<'a> Gate<'a> {
             let key = SlotKey {
                 per: slot.per,
                 owner,
-                group: group.name.to_string(),
+                group: group.to_owned(),
                 name: slot.name.to_string(),
             };
             let fill = match slot.per {
@@ -878,12 +885,18 @@ impl<'a> Gate<'a> {
         tool: &Tool,
         args: Value,
         trace: &crate::telemetry::TraceContext,
-        credentials: &[(&str, &[u8])],
+        credentials: &[crate::credentials::Opened],
     ) -> Outcome {
         match &tool.exec {
-            Execution::Script(spec) => Outcome::Script(
-                runner::run(spec, &args, &self.state.settings.output, trace, credentials).await,
-            ),
+            Execution::Script(spec) => {
+                let env: Vec<(&str, &[u8])> = credentials
+                    .iter()
+                    .map(|(slot, v)| (slot.name.as_str(), v.as_slice()))
+                    .collect();
+                Outcome::Script(
+                    runner::run(spec, &args, &self.state.settings.output, trace, &env).await,
+                )
+            }
             Execution::Upstream {
                 upstream,
                 tool: original,
@@ -895,7 +908,7 @@ impl<'a> Gate<'a> {
                 Outcome::Upstream(
                     self.state
                         .upstreams
-                        .call(upstream, original, map, trace)
+                        .call(upstream, original, map, trace, credentials)
                         .await,
                 )
             }

@@ -40,8 +40,8 @@ pub async fn set_upstream(
         actor,
         AdminAction::UpstreamSet,
         &format!("upstream:{name}"),
-        before.cloned(),
-        Some(spec.clone()),
+        before.map(crate::upstream::on_record),
+        Some(crate::upstream::on_record(spec)),
     )
     .await
 }

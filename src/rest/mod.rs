@@ -419,7 +419,9 @@ fn upstream_response(
         Err(e @ UpstreamError::Timeout(..)) => {
             problem(StatusCode::GATEWAY_TIMEOUT, json!({"error": e.to_string()}))
         }
-        Err(e @ (UpstreamError::Down(_) | UpstreamError::CircuitOpen(_))) => (
+        Err(
+            e @ (UpstreamError::Down(_) | UpstreamError::CircuitOpen(_) | UpstreamError::Busy(..)),
+        ) => (
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::RETRY_AFTER, "5")],
             Json(json!({"error": e.to_string()})),

@@ -161,10 +161,17 @@ pub fn problems(state: &AppState, agent: &crate::policy::snapshot::AgentView) ->
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for tool in &agent.visible {
-        let crate::pool::Execution::Script(spec) = &tool.exec else {
-            continue;
+        let upstream_slots;
+        let (group, slots): (&str, Vec<&crate::pool::CredentialSlot>) = match &tool.exec {
+            crate::pool::Execution::Script(spec) => {
+                (&spec.group.name, spec.group.credentials.iter().collect())
+            }
+            crate::pool::Execution::Upstream { upstream, .. } => {
+                upstream_slots = state.upstreams.slots(upstream);
+                (upstream, upstream_slots.iter().map(|s| &s.slot).collect())
+            }
         };
-        for slot in spec.group.credentials.iter() {
+        for slot in slots {
             let owner = match slot.per {
                 Per::Agent => agent.record.name.clone(),
                 Per::Shared => String::new(),
@@ -173,7 +180,7 @@ pub fn problems(state: &AppState, agent: &crate::policy::snapshot::AgentView) ->
             let key = SlotKey {
                 per: slot.per,
                 owner,
-                group: spec.group.name.to_string(),
+                group: group.to_owned(),
                 name: slot.name.to_string(),
             };
             if seen.insert(key.clone()) && !state.credentials.has(&key) {

@@ -84,6 +84,23 @@ pub(super) fn of(spec: &UpstreamSpec, extra: &[String]) -> Vec<String> {
     out
 }
 
+/// A spec as the audit chain records it: values of headers and environment variables whose
+/// names say they are secret are replaced (a change record is exported and streamed; the
+/// upstream's own token must not travel with it).
+pub fn on_record(spec: &Value) -> Value {
+    let mut spec = spec.clone();
+    for field in ["headers", "env"] {
+        if let Some(Value::Object(map)) = spec.get_mut(field) {
+            for (name, value) in map.iter_mut() {
+                if names_a_secret(name) {
+                    *value = Value::String("[redacted]".into());
+                }
+            }
+        }
+    }
+    spec
+}
+
 /// `text` with every credential replaced.
 pub(super) fn scrub_text(text: &str, credentials: &[String]) -> String {
     if credentials.is_empty() {

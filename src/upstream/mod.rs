@@ -2,11 +2,14 @@
 //! the official SDK's client, supervised, and served under the same grants, limits and audit
 //! as script tools. An agent cannot tell a proxied tool from a script.
 //!
-//! One connection (one child process) per upstream, never per call or per agent. The agent's
-//! token never travels upstream: the upstream gets only its own configured credentials.
+//! One connection (one child process) per upstream for its catalog and for callers it needs no
+//! credential of; an upstream that declares credential slots gets, per caller, a connection
+//! carrying that caller's stored values and no one else's (see [`principal`]). The agent's
+//! token never travels upstream: the upstream gets only credentials stored for it.
 
 mod credentials;
 mod guard;
+mod principal;
 mod stdio;
 mod traced;
 
@@ -25,6 +28,8 @@ use crate::pool::{
     ToolSource,
 };
 use crate::telemetry::TraceContext;
+
+pub use credentials::on_record;
 
 /// How an upstream is declared (`policies/upstreams/<group>.yaml`, or the admin API).
 ///
@@ -72,7 +77,106 @@ pub struct UpstreamSpec {
     /// changed or new tool is held until an admin approves it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pin: Option<bool>,
+    /// Credentials each call carries for its caller (`per: agent|person|shared`), injected as a
+    /// header (`inject: header Authorization "Bearer {}"`, http) or an environment variable
+    /// (`inject: env`, stdio). A call with such a slot goes through a connection (a child
+    /// process) of its caller's own: see [`principal`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub credentials: BTreeMap<String, SlotSpec>,
+    /// Connections (stdio children) held at once for callers' credentials; the least recently
+    /// used idle one is closed to make room.
+    #[serde(
+        default = "default_max_principals",
+        skip_serializing_if = "is_default_max_principals"
+    )]
+    pub max_principal_connections: usize,
+    /// A caller's connection unused this long is closed.
+    #[serde(
+        default = "default_principal_idle",
+        skip_serializing_if = "is_default_principal_idle"
+    )]
+    pub principal_idle_secs: u64,
 }
+
+/// One credential slot of an upstream, as written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotSpec {
+    pub per: crate::credentials::Per,
+    /// `env`, or `header <Name> <template>` where the template holds `{}` for the value.
+    pub inject: String,
+}
+
+/// Where a slot's value goes on the caller's connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inject {
+    Env,
+    Header {
+        name: http::HeaderName,
+        template: String,
+    },
+}
+
+impl Inject {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text == "env" {
+            return Ok(Inject::Env);
+        }
+        let Some(rest) = text.strip_prefix("header ") else {
+            return Err(format!(
+                "`inject: {text}` is neither `env` nor `header <Name> <template>`"
+            ));
+        };
+        let (name, template) = rest.trim().split_once(' ').unwrap_or((rest.trim(), "{}"));
+        let name = http::HeaderName::try_from(name)
+            .map_err(|_| format!("`{name}` is not a header name"))?;
+        if matches!(
+            name.as_str(),
+            "host"
+                | "content-length"
+                | "content-type"
+                | "accept"
+                | "mcp-session-id"
+                | "mcp-protocol-version"
+                | "traceparent"
+                | "tracestate"
+        ) {
+            return Err(format!("header `{name}` is the transport's own"));
+        }
+        let template = template.trim();
+        let template = template
+            .strip_prefix('"')
+            .and_then(|t| t.strip_suffix('"'))
+            .unwrap_or(template)
+            .to_owned();
+        if template.matches("{}").count() != 1 {
+            return Err(format!(
+                "the template `{template}` must hold `{{}}` once, where the value goes"
+            ));
+        }
+        http::HeaderValue::try_from(template.replace("{}", "x"))
+            .map_err(|_| format!("the template `{template}` is not a header value"))?;
+        Ok(Inject::Header { name, template })
+    }
+
+    /// The header's value for `value`, or why it cannot be one.
+    fn header_value(template: &str, value: &[u8]) -> Result<http::HeaderValue, String> {
+        let value = std::str::from_utf8(value).map_err(|_| "it is not UTF-8".to_owned())?;
+        http::HeaderValue::try_from(template.replace("{}", value))
+            .map_err(|_| "it holds characters a header cannot carry".to_owned())
+    }
+}
+
+/// An upstream's slot, parsed.
+#[derive(Debug, Clone)]
+pub struct UpstreamSlot {
+    pub slot: crate::pool::CredentialSlot,
+    pub inject: Inject,
+}
+
+/// Slots an upstream may declare.
+const MAX_SLOTS: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -104,6 +208,46 @@ impl UpstreamSpec {
                 }
             }
         }
+        let slots = self.slots()?;
+        for s in &slots {
+            match (&s.inject, self.transport) {
+                (Inject::Env, TransportKind::Http) => {
+                    return Err(format!(
+                        "credential `{}`: an http upstream takes credentials as headers (`inject: header <Name> <template>`)",
+                        s.slot.name
+                    ));
+                }
+                (Inject::Header { .. }, TransportKind::Stdio) => {
+                    return Err(format!(
+                        "credential `{}`: a stdio upstream takes credentials in its environment (`inject: env`)",
+                        s.slot.name
+                    ));
+                }
+                (Inject::Env, TransportKind::Stdio)
+                    if self.env.contains_key(s.slot.name.as_str()) =>
+                {
+                    return Err(format!(
+                        "credential `{}` is also in `env`: a variable has one source",
+                        s.slot.name
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if self.oauth.is_some()
+            && slots.iter().any(
+                |s| matches!(&s.inject, Inject::Header { name, .. } if name == http::header::AUTHORIZATION),
+            )
+        {
+            return Err(
+                "`oauth` already fills `Authorization`: a credential cannot fill it too".into(),
+            );
+        }
+        if self.max_principal_connections == 0 || self.principal_idle_secs == 0 {
+            return Err(
+                "`max_principal_connections` and `principal_idle_secs` must be at least 1".into(),
+            );
+        }
         if self.timeout_ms == 0 || self.max_concurrency == 0 || self.refresh_secs == 0 {
             return Err(
                 "`timeout_ms`, `max_concurrency` and `refresh_secs` must be at least 1".into(),
@@ -118,6 +262,49 @@ impl UpstreamSpec {
     }
 }
 
+impl UpstreamSpec {
+    /// The credential slots, parsed: names as script variables are, one header once.
+    pub fn slots(&self) -> Result<Vec<UpstreamSlot>, String> {
+        if self.credentials.len() > MAX_SLOTS {
+            return Err(format!("at most {MAX_SLOTS} credentials per upstream"));
+        }
+        let mut out: Vec<UpstreamSlot> = Vec::with_capacity(self.credentials.len());
+        for (name, spec) in &self.credentials {
+            let var =
+                crate::pool::env::ScriptVar::parse(name).map_err(|e| format!("credential {e}"))?;
+            let inject =
+                Inject::parse(&spec.inject).map_err(|e| format!("credential `{name}`: {e}"))?;
+            if let Inject::Header { name: h, .. } = &inject
+                && out
+                    .iter()
+                    .any(|o| matches!(&o.inject, Inject::Header { name, .. } if name == h))
+            {
+                return Err(format!("credential `{name}`: header `{h}` is filled twice"));
+            }
+            out.push(UpstreamSlot {
+                slot: crate::pool::CredentialSlot {
+                    name: var,
+                    per: spec.per,
+                },
+                inject,
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn default_max_principals() -> usize {
+    32
+}
+fn default_principal_idle() -> u64 {
+    300
+}
+fn is_default_max_principals(n: &usize) -> bool {
+    *n == default_max_principals()
+}
+fn is_default_principal_idle(n: &u64) -> bool {
+    *n == default_principal_idle()
+}
 fn default_timeout_ms() -> u64 {
     30_000
 }
@@ -171,6 +358,8 @@ pub struct Health {
     pub consecutive_failures: u32,
     /// The circuit is open: calls fail at once until this many ms have passed.
     pub circuit_open_ms: Option<u64>,
+    /// Connections open for callers' own credentials.
+    pub caller_connections: usize,
 }
 
 /// Calls failing in a row before the circuit opens, and how long it stays open. The
@@ -195,6 +384,9 @@ struct Shared {
     slots: tokio::sync::Semaphore,
     /// The upstream's own credentials, scrubbed from whatever it says (see [`credentials`]).
     credentials: Mutex<Vec<String>>,
+    /// The credentials each call carries for its caller, and the callers' connections.
+    credential_slots: Arc<[UpstreamSlot]>,
+    principals: principal::Connections,
 }
 
 impl Shared {
@@ -252,6 +444,10 @@ pub enum UpstreamError {
     Timeout(String, u64),
     #[error("upstream `{0}` failed: {1}")]
     Failed(String, String),
+    #[error(
+        "upstream `{0}` has {1} connections open, one per caller's credentials, all in use: retry shortly"
+    )]
+    Busy(String, usize),
 }
 
 impl Upstreams {
@@ -289,6 +485,8 @@ impl Upstreams {
                 }),
                 slots: tokio::sync::Semaphore::new(spec.max_concurrency.max(1)),
                 credentials: Mutex::new(credentials::of(spec, &[])),
+                credential_slots: spec.slots().unwrap_or_default().into(),
+                principals: principal::Connections::default(),
             });
             let task = tokio::spawn(supervise(shared.clone(), on_change.clone()));
             running.insert(name.clone(), (shared, task.abort_handle()));
@@ -396,6 +594,15 @@ impl Upstreams {
         Ok(result)
     }
 
+    /// The credential slots `group` declares (empty if none, or if it is not an upstream).
+    pub fn slots(&self, group: &str) -> Arc<[UpstreamSlot]> {
+        let running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        running
+            .get(group)
+            .map(|(s, _)| s.credential_slots.clone())
+            .unwrap_or_else(|| Arc::from(Vec::new()))
+    }
+
     pub fn health(&self) -> BTreeMap<String, Health> {
         let running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         running
@@ -414,6 +621,7 @@ impl Upstreams {
                         last_error: st.last_error.clone(),
                         consecutive_failures: st.failures,
                         circuit_open_ms: open,
+                        caller_connections: s.principals.len(),
                     },
                 )
             })
@@ -422,13 +630,16 @@ impl Upstreams {
 
     /// Forwards a call with the tool's original name and the upstream's own credentials,
     /// within the caller's `trace`: in the request's `_meta` (`traceparent`, `tracestate`, as
-    /// MCP carries trace context on any transport) and, over HTTP, as the W3C headers.
+    /// MCP carries trace context on any transport) and, over HTTP, as the W3C headers. With
+    /// `opened` (the caller's values of the upstream's slots) it goes out on the caller's own
+    /// connection, made on first use.
     pub async fn call(
         &self,
         group: &str,
         tool: &str,
         args: Map<String, Value>,
         trace: &TraceContext,
+        opened: &[crate::credentials::Opened],
     ) -> Result<CallToolResult, UpstreamError> {
         let shared = {
             let running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -456,6 +667,37 @@ impl Upstreams {
             }
         }
         let timeout = Duration::from_millis(shared.spec.timeout_ms);
+        let own = match opened {
+            [] => None,
+            opened => {
+                let key = principal::key(opened);
+                let conn = shared
+                    .principals
+                    .get(
+                        key,
+                        shared.spec.max_principal_connections,
+                        Duration::from_secs(shared.spec.principal_idle_secs),
+                        || principal::build(&shared.spec, &shared.credential_slots, opened),
+                    )
+                    .map_err(|principal::Full(n)| UpstreamError::Busy(group.to_owned(), n))?
+                    .map_err(|e| UpstreamError::Failed(group.to_owned(), e))?;
+                Some((key, conn))
+            }
+        };
+        if let Some((key, conn)) = &own
+            && let Err(e) = connect_own(&shared, conn).await
+        {
+            // The caller's credentials are refused, or its child did not start: that is the
+            // caller's failure, and the upstream's circuit (everyone's) is left alone.
+            shared.principals.forget(key, conn);
+            return Err(UpstreamError::Failed(
+                group.to_owned(),
+                credentials::scrub_text(
+                    &format!("cannot connect with the credentials of {}: {e}", conn.whose),
+                    &conn.scrub,
+                ),
+            ));
+        }
         let work = async {
             let _slot = shared.slots.acquire().await.map_err(|_| {
                 (
@@ -463,7 +705,10 @@ impl Upstreams {
                     UpstreamError::Down(group.to_owned()),
                 )
             })?;
-            let client = shared.client.read().await;
+            let client = match &own {
+                Some((_, conn)) => conn.client.read().await,
+                None => shared.client.read().await,
+            };
             let client = client.as_ref().ok_or_else(|| {
                 (
                     Verdict::ConnectionFailed,
@@ -500,7 +745,10 @@ impl Upstreams {
                 UpstreamError::Timeout(group.to_owned(), shared.spec.timeout_ms),
             )),
         };
-        let credentials = shared.credentials();
+        let credentials = match &own {
+            Some((_, conn)) => conn.scrub.clone(),
+            None => shared.credentials(),
+        };
         let (verdict, result) = match result {
             Ok(r) => match credentials::scrub(r, &credentials) {
                 Some(r) => (Verdict::Answered, Ok(r)),
@@ -518,6 +766,20 @@ impl Upstreams {
             ),
             Err((v, e)) => (v, Err(e)),
         };
+        if let Some((key, conn)) = &own {
+            conn.touch();
+            match verdict {
+                // A tool that hangs is the tool's, whoever calls it: its circuit counts.
+                Verdict::ToolFailed => {}
+                // A caller's connection failing is that caller's: it is dropped (the next
+                // call reconnects) and the upstream's circuit, everyone's, is left alone.
+                Verdict::ConnectionFailed => {
+                    shared.principals.forget(key, conn);
+                    return result;
+                }
+                Verdict::Answered => return result,
+            }
+        }
         let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = &result {
             st.last_error = Some(e.to_string());
@@ -639,7 +901,6 @@ async fn connect(
     spec: &UpstreamSpec,
     listener: Listener,
 ) -> Result<(RunningService<RoleClient, Listener>, Vec<String>), String> {
-    spec.validate()?;
     match spec.transport {
         TransportKind::Stdio => {
             let command = spec.command.as_deref().unwrap_or_default();
@@ -696,6 +957,35 @@ async fn connect(
     }
 }
 
+/// Connects a caller's own connection if it is not (or no longer) connected.
+async fn connect_own(shared: &Shared, conn: &principal::Connection) -> Result<(), String> {
+    if conn
+        .client
+        .read()
+        .await
+        .as_ref()
+        .is_some_and(|c| !c.is_closed())
+    {
+        return Ok(());
+    }
+    let mut client = conn.client.write().await;
+    if client.as_ref().is_some_and(|c| !c.is_closed()) {
+        return Ok(());
+    }
+    *client = None;
+    let handshake = Duration::from_millis(shared.spec.timeout_ms.clamp(1000, 30_000));
+    // Its list_changed notices are the upstream's, read on the shared connection.
+    let listener = Listener {
+        changed: Arc::new(tokio::sync::Notify::new()),
+    };
+    let (connected, _) =
+        tokio::time::timeout(handshake, connect(&shared.group, &conn.spec, listener))
+            .await
+            .map_err(|_| format!("no handshake within {} ms", handshake.as_millis()))??;
+    *client = Some(connected);
+    Ok(())
+}
+
 /// Client credentials at the upstream's own authorization server.
 async fn upstream_token(o: &OAuthSpec) -> Result<String, String> {
     use oauth2::{ClientId, ClientSecret, Scope, TokenResponse, TokenUrl};
@@ -736,20 +1026,23 @@ async fn supervise(shared: Arc<Shared>, on_change: Arc<dyn Fn() + Send + Sync>) 
         set_status(&shared, "connecting", None);
         // A server that never finishes its handshake must not wedge the supervisor.
         let handshake = Duration::from_millis(shared.spec.timeout_ms.clamp(1000, 30_000));
-        let connected = match tokio::time::timeout(
-            handshake,
-            connect(
-                &shared.group,
-                &shared.spec,
-                Listener {
-                    changed: shared.changed.clone(),
-                },
-            ),
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(format!("no handshake within {} ms", handshake.as_millis())),
+        let connected = match shared.spec.validate() {
+            Err(e) => Err(e),
+            Ok(()) => match tokio::time::timeout(
+                handshake,
+                connect(
+                    &shared.group,
+                    &shared.spec,
+                    Listener {
+                        changed: shared.changed.clone(),
+                    },
+                ),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(format!("no handshake within {} ms", handshake.as_millis())),
+            },
         };
         match connected {
             Ok((client, obtained)) => {
@@ -807,6 +1100,9 @@ async fn supervise(shared: Arc<Shared>, on_change: Arc<dyn Fn() + Send + Sync>) 
                     let deadline =
                         Instant::now() + Duration::from_secs(shared.spec.refresh_secs.max(1));
                     while Instant::now() < deadline {
+                        shared
+                            .principals
+                            .reap(Duration::from_secs(shared.spec.principal_idle_secs));
                         // A list_changed notification re-lists at once; otherwise poll.
                         if tokio::time::timeout(
                             Duration::from_millis(500),

@@ -39,4 +39,5 @@ mod stored_credentials;
 mod strangers;
 mod tokens;
 mod upstream;
+mod upstream_credentials;
 mod web;

@@ -51,7 +51,7 @@ pub fn everything_entry() -> PathBuf {
     entry
 }
 
-async fn wait_for_tools(app: &TestApp, token: &str, group: &str) -> Vec<String> {
+pub async fn wait_for_tools(app: &TestApp, token: &str, group: &str) -> Vec<String> {
     // Up to 120 s: on a 2-core machine running the whole suite beside other builds, starting
     // the reference server with node, its first listing and the first-use approval of a
     // pinned upstream group have taken over a minute.
@@ -70,14 +70,14 @@ async fn wait_for_tools(app: &TestApp, token: &str, group: &str) -> Vec<String> 
     panic!("the tools of upstream `{group}` never appeared");
 }
 
-fn text(r: &Value) -> String {
+pub fn text(r: &Value) -> String {
     r["result"]["content"][0]["text"]
         .as_str()
         .unwrap_or_default()
         .to_owned()
 }
 
-async fn put_upstream(app: &TestApp, name: &str, spec: Value) {
+pub async fn put_upstream(app: &TestApp, name: &str, spec: Value) {
     let r = app
         .admin("PUT", &format!("/api/v1/upstreams/{name}"), Some(spec))
         .await;
@@ -180,7 +180,7 @@ async fn a_stdio_upstream_is_served_under_grants_and_audit(pool: PgPool) {
     assert!(app.tool_names(&granted).await.is_empty());
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
