@@ -822,7 +822,7 @@ impl<'a> Gate<'a> {
                     key.owner, key.group, key.name
                 ),
                 Per::Person => format!(
-                    "the person (or an admin) sets it with PUT /api/v1/users/{}/credentials/{}/{}",
+                    "the person sets it on the My connections page (/admin/connections), or an admin with PUT /api/v1/users/{}/credentials/{}/{}",
                     key.owner, key.group, key.name
                 ),
                 Per::Shared => format!(

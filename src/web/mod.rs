@@ -15,6 +15,7 @@ mod audit;
 mod auth;
 mod authorizations;
 mod chart;
+mod connections;
 mod consent;
 mod dashboard;
 mod error;
@@ -174,6 +175,15 @@ pub fn router<S>(app: AppState, config: Config) -> Router<S> {
             axum::routing::post(hosts::delete),
         )
         .route("/authorizations", get(authorizations::index))
+        .route("/connections", get(connections::index))
+        .route(
+            "/connections/{group}/{name}",
+            axum::routing::post(connections::set),
+        )
+        .route(
+            "/connections/{group}/{name}/delete",
+            axum::routing::post(connections::delete),
+        )
         .route(
             "/authorizations/{id}/revoke",
             axum::routing::post(authorizations::revoke),

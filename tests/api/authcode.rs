@@ -1446,3 +1446,130 @@ async fn a_metadata_document_over_https_is_trusted_through_the_configured_ca(poo
     );
     assert!(r.headers.get(header::LOCATION).is_none());
 }
+
+/// A person fills their own credential on "My connections"; calls a host makes for them carry
+/// it to the upstream (a server built with the official SDK that says whose token it got),
+/// calls made for no person or by another person do not, and nobody sees the value again.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_person_connects_their_own_credential_and_the_host_calls_carry_it(pool: PgPool) {
+    use crate::upstream_credentials::{Echo, LISTER, TOKEN_A, key};
+    let echo = Echo::start().await;
+    let docs = document_server().await;
+    let app = TestApp::with(
+        pool,
+        &repo_path("tools"),
+        Some(&repo_path("policies")),
+        &["--oauth-cimd-allow-private", "--credential-key", &key()],
+    )
+    .await;
+    let r = app
+        .admin("PUT", "/api/v1/agents/assistant/users/alice", None)
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
+    crate::upstream::put_upstream(
+        &app,
+        "pecho",
+        json!({
+            "transport": "http",
+            "url": format!("http://127.0.0.1:{}/mcp", echo.port),
+            "headers": {"Authorization": format!("Bearer {LISTER}")},
+            "credentials": {"ECHO_TOKEN": {"per": "person", "inject": "header Authorization \"Bearer {}\""}},
+            "pin": false
+        }),
+    )
+    .await;
+    let r = app
+        .admin(
+            "POST",
+            "/api/v1/agents/assistant/grants",
+            Some(json!({"target": "pecho"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let h = Host { app, docs };
+
+    // The agent's own token acts for no person: no person's value, and no fallback.
+    let own = h.app.token_for("assistant").await;
+    crate::upstream::wait_for_tools(&h.app, &own, "pecho").await;
+    let r = h.app.call(&own, "pecho__whoami", json!({})).await;
+    assert_eq!(r.body["result"]["isError"], true, "{}", r.text);
+    assert!(
+        crate::upstream::text(&r.body).contains("of the person it acts for"),
+        "{}",
+        r.text
+    );
+
+    // Bob may act as no agent reaching `pecho`: his page names no such group, and he cannot
+    // store a value under it.
+    let mut bob = Browser::signed_in(&h.app, "bob", "viewer").await;
+    let page = bob.get("/admin/connections").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+    assert!(page.text.contains("connections-empty"), "{}", page.text);
+    assert!(!page.text.contains("pecho"), "{}", page.text);
+    let csrf = csrf_of(&bob.get("/admin").await.text);
+    let r = bob
+        .post(
+            "/admin/connections/pecho/ECHO_TOKEN",
+            &[("csrf", &csrf), ("value", "tok-bob-0000000000")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
+
+    // Alice's page lists the slot as not set; she stores her token.
+    let mut b = Browser::signed_in(&h.app, "alice", "viewer").await;
+    let page = b.get("/admin/connections").await;
+    assert!(
+        page.text.contains("data-slot=\"pecho/ECHO_TOKEN\"")
+            && page.text.contains("data-problem=\"credential\""),
+        "{}",
+        page.text
+    );
+    let csrf = csrf_of(&page.text);
+    let r = b
+        .post("/admin/connections/pecho/ECHO_TOKEN", &[("value", TOKEN_A)])
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::FORBIDDEN,
+        "a form without the CSRF token"
+    );
+    let r = b
+        .post(
+            "/admin/connections/pecho/ECHO_TOKEN",
+            &[("csrf", &csrf), ("value", TOKEN_A)],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    let page = b.get("/admin/connections").await;
+    assert!(!page.text.contains("data-problem"), "{}", page.text);
+    assert!(!page.text.contains(TOKEN_A), "the value is shown again");
+
+    // A host signed in by alice as `assistant`: its calls carry alice's token.
+    let code = code_for(&h, &mut b, REDIRECT).await;
+    let t = exchange(&h, &code, VERIFIER, REDIRECT).await;
+    assert_eq!(t.status, StatusCode::OK, "{}", t.text);
+    let access = t.body["access_token"].as_str().unwrap().to_owned();
+    let r = h.app.call(&access, "pecho__whoami", json!({})).await;
+    assert_ne!(r.body["result"]["isError"], true, "{}", r.text);
+    assert_eq!(crate::upstream::text(&r.body), "agent-a");
+    // Still alice's agent token: the same agent without a person is still refused.
+    let r = h.app.call(&own, "pecho__whoami", json!({})).await;
+    assert_eq!(r.body["result"]["isError"], true, "{}", r.text);
+
+    // Cleared: alice's next call says where to set it again.
+    let csrf = csrf_of(&b.get("/admin/connections").await.text);
+    let r = b
+        .post(
+            "/admin/connections/pecho/ECHO_TOKEN/delete",
+            &[("csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    let r = h.app.call(&access, "pecho__whoami", json!({})).await;
+    assert_eq!(r.body["result"]["isError"], true, "{}", r.text);
+    assert!(
+        crate::upstream::text(&r.body).contains("/admin/connections"),
+        "{}",
+        r.text
+    );
+}

@@ -12,9 +12,9 @@ use sqlx::PgPool;
 use crate::helpers::{TestApp, repo_path, until};
 use crate::upstream::{everything_entry, free_port, put_upstream, text, wait_for_tools};
 
-const LISTER: &str = "tok-lister-000000000001";
-const TOKEN_A: &str = "tok-agent-a-7f3e9c21aa";
-const TOKEN_B: &str = "tok-agent-b-51d0b8e4cc";
+pub const LISTER: &str = "tok-lister-000000000001";
+pub const TOKEN_A: &str = "tok-agent-a-7f3e9c21aa";
+pub const TOKEN_B: &str = "tok-agent-b-51d0b8e4cc";
 
 fn tokens() -> String {
     json!({LISTER: "lister", TOKEN_A: "agent-a", TOKEN_B: "agent-b"}).to_string()
@@ -39,9 +39,9 @@ fn echo_entry() -> PathBuf {
     entry
 }
 
-struct Echo {
+pub struct Echo {
     child: std::process::Child,
-    port: u16,
+    pub port: u16,
 }
 
 impl Drop for Echo {
@@ -52,7 +52,7 @@ impl Drop for Echo {
 }
 
 impl Echo {
-    async fn start() -> Self {
+    pub async fn start() -> Self {
         let entry = echo_entry();
         for _ in 0..5 {
             let port = free_port();
@@ -94,7 +94,7 @@ impl Echo {
     }
 }
 
-fn key() -> String {
+pub fn key() -> String {
     toolgate::credentials::KeyRing::generate("k1").unwrap()
 }
 
