@@ -376,10 +376,76 @@ fn an_upstream_credential_is_declared_where_it_can_be_injected() {
         let e = spec(http(bad.clone())).unwrap_err();
         assert!(e.contains(says), "{bad}: {e}");
     }
+    // As the README writes it in a policy file.
+    let yaml: UpstreamSpec = serde_yaml::from_str(
+        "transport: http\nurl: https://mcp.example.com/mcp\ncredentials:\n  GITHUB_TOKEN:\n    per: person\n    inject: header Authorization \"Bearer {}\"\n",
+    )
+    .unwrap();
+    yaml.validate().unwrap();
+    assert_eq!(
+        serde_yaml::from_str::<UpstreamSpec>(&serde_yaml::to_string(&yaml).unwrap()).unwrap(),
+        yaml,
+        "a policy export reads back the same"
+    );
     let stdio = json!({"transport": "stdio", "command": "x", "env": {"T": "v"},
         "credentials": {"T": {"per": "agent", "inject": "env"}}});
     assert!(spec(stdio).unwrap_err().contains("one source"));
     let stdio = json!({"transport": "stdio", "command": "x",
         "credentials": {"T": {"per": "agent", "inject": "header A {}"}}});
     assert!(spec(stdio).unwrap_err().contains("environment"));
+}
+
+/// The cost of an upstream call that uses a stored per-agent credential (opened for the call,
+/// injected as a header, on the caller's own connection) next to the same call to the same
+/// server configured with the same token as a static header, interleaved in one run. A
+/// benchmark, not a timed test:
+/// `cargo nextest run --test api --run-ignored only -E 'test(upstream_credential_call_cost)' --no-capture`.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+#[ignore = "a measurement; run on its own"]
+async fn upstream_credential_call_cost(pool: PgPool) {
+    let echo = Echo::start().await;
+    let app = app_with(pool, &key()).await;
+    let url = format!("http://127.0.0.1:{}/mcp", echo.port);
+    put_upstream(
+        &app,
+        "fixed",
+        json!({"transport": "http", "url": url, "headers": {"Authorization": format!("Bearer {TOKEN_A}")}, "pin": false}),
+    )
+    .await;
+    put_upstream(
+        &app,
+        "stored",
+        json!({"transport": "http", "url": url, "headers": {"Authorization": format!("Bearer {LISTER}")},
+            "credentials": {"ECHO_TOKEN": {"per": "agent", "inject": "header Authorization \"Bearer {}\""}}, "pin": false}),
+    )
+    .await;
+    let t = app.agent("bench", &["fixed", "stored"]).await;
+    set(&app, "bench", "stored", TOKEN_A).await;
+    wait_for_tools(&app, &t, "fixed").await;
+    wait_for_tools(&app, &t, "stored").await;
+    let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..320 {
+        for (i, path) in ["/tools/stored/whoami", "/tools/fixed/whoami"]
+            .into_iter()
+            .enumerate()
+        {
+            let started = std::time::Instant::now();
+            let r = app.post_json(path, Some(&t), json!({})).await;
+            let us = started.elapsed().as_secs_f64() * 1e6;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+            assert_eq!(r.body["content"][0]["text"], "agent-a", "{}", r.text);
+            if round >= 20 {
+                times[i].push(us);
+            }
+        }
+    }
+    let p50 = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[(v.len() - 1) / 2]
+    };
+    let (s50, f50) = (p50(&mut times[0]), p50(&mut times[1]));
+    println!(
+        "upstream call p50: stored per-agent credential {s50:.0} µs, same token as a static header {f50:.0} µs; ratio {:.3}",
+        s50 / f50
+    );
 }
