@@ -220,6 +220,18 @@ async fn each_agent_reaches_an_http_upstream_as_itself_on_two_instances(pool: Pg
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
     assert!(r.text.contains("ECHO_TOKEN"), "{}", r.text);
 
+    // A value that would smuggle a second header is not sent, and the error names the slot,
+    // not the value.
+    set(&one, "c", "echo", "tok-evil\r\nX-Injected: 1").await;
+    let r = one.call(&c, "echo__whoami", json!({})).await;
+    assert_eq!(r.body["result"]["isError"], true, "{}", r.text);
+    assert!(
+        text(&r.body).contains("`ECHO_TOKEN` cannot be sent"),
+        "{}",
+        r.text
+    );
+    assert!(!r.text.contains("X-Injected"), "{}", r.text);
+
     // An upstream that repeats the credential it got hands back no credential.
     let r = one.call(&a, "echo__leak", json!({})).await;
     assert!(!r.text.contains(TOKEN_A), "{}", r.text);
