@@ -514,6 +514,41 @@ pub fn validate(policies: &PolicyDir) -> Vec<Problem> {
     problems
 }
 
+/// The `per: person` credential slots of what `target` grants: of its script groups (from the
+/// catalog) and of an upstream declared in the folder, as (group, slot) pairs.
+fn person_slots(
+    target: &GrantTarget,
+    catalog: &Catalog,
+    upstreams: &BTreeMap<String, crate::upstream::UpstreamSpec>,
+) -> BTreeSet<(String, String)> {
+    use crate::credentials::Per;
+    let mut out = BTreeSet::new();
+    for tool in target.matched_tools(catalog) {
+        if let crate::pool::Execution::Script(spec) = &tool.exec {
+            for slot in spec
+                .group
+                .credentials
+                .iter()
+                .filter(|s| s.per == Per::Person)
+            {
+                out.insert((spec.group.name.to_string(), slot.name.to_string()));
+            }
+        }
+    }
+    let group = match target {
+        GrantTarget::Group(g) => g.as_str(),
+        GrantTarget::Tool(t) => t.group(),
+    };
+    if let Some(spec) = upstreams.get(group) {
+        for s in spec.slots().unwrap_or_default() {
+            if s.slot.per == Per::Person {
+                out.insert((group.to_owned(), s.slot.name.to_string()));
+            }
+        }
+    }
+    out
+}
+
 /// Checks the folder against the catalog: everything [`validate`] refuses, then every grant
 /// must match at least one tool, pinned tools must be visible, group metadata must name a
 /// served group.
@@ -553,6 +588,14 @@ pub fn check(policies: &PolicyDir, catalog: &Catalog) -> Vec<Problem> {
                             "{what}: agent `{}` gets nothing from it{hint}",
                             agent.name
                         )));
+                    }
+                    for (group, slot) in person_slots(&t, catalog, &policies.upstreams) {
+                        if agent.front.users.is_empty() {
+                            problems.push(at(format!(
+                                "group `{group}` needs each person's credential `{slot}`, and no person may act as agent `{}` (`users:` is empty): its calls of `{group}` can never carry one and fail",
+                                agent.name
+                            )));
+                        }
                     }
                     targets.push(t);
                 }

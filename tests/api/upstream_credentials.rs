@@ -461,3 +461,56 @@ async fn upstream_credential_call_cost(pool: PgPool) {
         s50 / f50
     );
 }
+
+/// `policy check` flags an agent granted a group that needs each person's credential while no
+/// person may act as it: its calls could never carry one. With a person, it passes.
+#[test]
+fn policy_check_flags_person_credentials_no_person_can_fill() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = dir.path().join("tools");
+    let policies = dir.path().join("policies");
+    let mut doc = crate::helpers::single_op("whoami", json!({"type": "object"}), json!({}));
+    doc["x-toolgate-credentials"] = json!({"GH_TOKEN": {"per": "person", "inject": "env"}});
+    crate::helpers::write_group(
+        &tools,
+        "gh",
+        &doc,
+        &[("whoami.sh", "#!/bin/sh\necho '{}'\n")],
+    );
+    std::fs::create_dir_all(policies.join("agents/bot")).unwrap();
+    std::fs::create_dir_all(policies.join("upstreams")).unwrap();
+    std::fs::write(
+        policies.join("upstreams/up.yaml"),
+        "transport: http\nurl: http://127.0.0.1:1/mcp\ncredentials:\n  UP_TOKEN:\n    per: person\n    inject: header Authorization \"Bearer {}\"\n",
+    )
+    .unwrap();
+    let check = |users: &str| {
+        std::fs::write(
+            policies.join("agents/bot/agent.md"),
+            format!("---\ntools: [gh, up]\n{users}---\nA bot.\n"),
+        )
+        .unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(["policy", "check", "--dir"])
+            .arg(&policies)
+            .arg("--tools-dir")
+            .arg(&tools)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (ok, said) = check("");
+    assert!(!ok, "{said}");
+    for slot in ["`GH_TOKEN`", "`UP_TOKEN`"] {
+        assert!(
+            said.lines()
+                .any(|l| l.contains(slot) && l.contains("no person may act as agent `bot`")),
+            "{said}"
+        );
+    }
+    let (_, said) = check("users: [alice]\n");
+    assert!(!said.contains("no person may act"), "{said}");
+}
