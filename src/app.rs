@@ -143,6 +143,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let state = AppState::new(settings.clone(), pool);
     crate::audit::rollup::spawn(state.db.clone());
     crate::gate::spawn_approval_sweeper(state.clone());
+    crate::service::connections::spawn_refresher(state.clone());
     if !sinks.is_empty() {
         tracing::info!(sinks = ?sinks.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), "audit sinks");
         crate::audit::sink::spawn(state.db.clone(), sinks, state.metrics.clone());

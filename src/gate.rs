@@ -785,18 +785,31 @@ impl<'a> Gate<'a> {
     fn credentials_for(&self, tool: &Tool) -> Result<Vec<crate::credentials::Opened>, String> {
         use crate::credentials::{Per, SlotKey};
         let upstream_slots;
-        let (group, slots): (&str, Vec<&crate::pool::CredentialSlot>) = match &tool.exec {
-            Execution::Script(spec) => (&spec.group.name, spec.group.credentials.iter().collect()),
+        type Slot<'a> = (
+            &'a crate::pool::CredentialSlot,
+            Option<&'a crate::credentials::oauth::SlotOAuth>,
+        );
+        let (group, slots): (&str, Vec<Slot<'_>>) = match &tool.exec {
+            Execution::Script(spec) => (
+                &spec.group.name,
+                spec.group.credentials.iter().map(|s| (s, None)).collect(),
+            ),
             Execution::Upstream { upstream, .. } => {
                 upstream_slots = self.state.upstreams.slots(upstream);
                 if upstream_slots.is_empty() {
                     return Ok(Vec::new());
                 }
-                (upstream, upstream_slots.iter().map(|s| &s.slot).collect())
+                (
+                    upstream,
+                    upstream_slots
+                        .iter()
+                        .map(|s| (&s.slot, s.oauth.as_deref()))
+                        .collect(),
+                )
             }
         };
         let mut out = Vec::with_capacity(slots.len());
-        for slot in slots {
+        for (slot, oauth) in slots {
             let owner = match slot.per {
                 Per::Agent => self.principal.agent.clone(),
                 Per::Shared => String::new(),
@@ -821,6 +834,10 @@ impl<'a> Gate<'a> {
                     "an admin sets it with PUT /api/v1/agents/{}/credentials/{}/{}",
                     key.owner, key.group, key.name
                 ),
+                Per::Person if oauth.is_some() => format!(
+                    "the person connects on the My connections page ({}/admin/connections)",
+                    self.state.settings.issuer
+                ),
                 Per::Person => format!(
                     "the person sets it on the My connections page (/admin/connections), or an admin with PUT /api/v1/users/{}/credentials/{}/{}",
                     key.owner, key.group, key.name
@@ -831,6 +848,32 @@ impl<'a> Gate<'a> {
                 ),
             };
             match self.state.credentials.value(&key) {
+                Ok(Some(v)) if oauth.is_some() => {
+                    // A connected grant: its access token is what goes out, while it is good.
+                    let usable = match crate::credentials::oauth::Grant::parse(&v) {
+                        None => {
+                            Err("it holds no grant from the upstream's authorization server"
+                                .to_owned())
+                        }
+                        Some(g) if g.failed.is_some() => Err(format!(
+                            "the upstream's authorization server refused to refresh it ({})",
+                            g.failed.as_deref().unwrap_or_default()
+                        )),
+                        Some(g) if g.expired(chrono::Utc::now()) => {
+                            Err("it expired and was not refreshed".to_owned())
+                        }
+                        Some(g) => Ok(zeroize::Zeroizing::new(g.access_token.into_bytes())),
+                    };
+                    match usable {
+                        Ok(token) => out.push((key, token)),
+                        Err(why) => {
+                            return Err(format!(
+                                "`{}` needs person `{}`'s connection `{}` to upstream `{}`, and {why}: connect again: {fill}",
+                                tool.name, key.owner, key.name, key.group
+                            ));
+                        }
+                    }
+                }
                 Ok(Some(v)) => out.push((key, v)),
                 Ok(None) => {
                     return Err(format!(

@@ -308,6 +308,12 @@ text_enum! {
         CredentialSet = "credential.set",
         /// Every value's data key re-wrapped under a new key-encryption key.
         CredentialRekey = "credential.rekey",
+        /// A person connected to an upstream's authorization server (a token grant stored).
+        CredentialConnected = "credential.connected",
+        /// A person's upstream grant refreshed ahead of its expiry.
+        CredentialRefreshed = "credential.refreshed",
+        /// A person's upstream grant could not be refreshed: they must connect again.
+        CredentialRefreshFailed = "credential.refresh_failed",
         GrantCreate = "grant.create",
         GrantDelete = "grant.delete",
         GroupDelete = "group.delete",
@@ -494,7 +500,7 @@ mod tests {
     /// them); every one parses back; a word nobody records is an error listing those that are.
     #[test]
     fn kinds_outcomes_and_admin_actions_are_the_stored_words() {
-        assert_eq!(AdminAction::ALL.len(), 39);
+        assert_eq!(AdminAction::ALL.len(), 42);
         assert_eq!(
             AdminAction::PublicClientRegister.as_str(),
             "public_client.register"

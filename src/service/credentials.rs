@@ -62,11 +62,30 @@ pub async fn set(state: &AppState, actor: &str, slot: &SlotKey, value: &str) -> 
                 .into(),
         ));
     }
+    if state
+        .upstreams
+        .slots(&slot.group)
+        .iter()
+        .any(|s| s.oauth.is_some() && s.slot.name.as_str() == slot.name)
+    {
+        return Err(ServiceError::Invalid(format!(
+            "`{}` of `{}` is filled by the person connecting to the upstream's authorization server (Connect, on My connections), not by a value",
+            slot.name, slot.group
+        )));
+    }
     owner_exists(state, slot.per, &slot.owner).await?;
     let sealed = credentials::seal(&state.settings.credential_keys, slot, value.as_bytes())
         .map_err(|e| ServiceError::Conflict(e.to_string()))?;
     let mut tx = state.db.begin().await?;
-    db::credentials::put(&mut tx, actor, slot, &sealed).await?;
+    db::credentials::put(
+        &mut tx,
+        actor,
+        crate::audit::AdminAction::CredentialSet,
+        slot,
+        &sealed,
+        None,
+    )
+    .await?;
     tx.commit().await?;
     refresh(state, Parts::CREDENTIALS).await;
     Ok(())

@@ -14,6 +14,7 @@ pub mod arguments;
 pub mod audit_access;
 pub mod authorizations;
 pub mod clients;
+pub mod connections;
 pub mod credentials;
 pub mod grants;
 pub mod keys;

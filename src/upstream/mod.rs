@@ -105,6 +105,10 @@ pub struct SlotSpec {
     pub per: crate::credentials::Per,
     /// `env`, or `header <Name> <template>` where the template holds `{}` for the value.
     pub inject: String,
+    /// Filled by the person connecting to the upstream's authorization server (not typed in):
+    /// the value injected is the access token of their grant, refreshed ahead of expiry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth: Option<crate::credentials::oauth::SlotOAuth>,
 }
 
 /// Where a slot's value goes on the caller's connection.
@@ -173,6 +177,7 @@ impl Inject {
 pub struct UpstreamSlot {
     pub slot: crate::pool::CredentialSlot,
     pub inject: Inject,
+    pub oauth: Option<Arc<crate::credentials::oauth::SlotOAuth>>,
 }
 
 /// Slots an upstream may declare.
@@ -281,12 +286,24 @@ impl UpstreamSpec {
             {
                 return Err(format!("credential `{name}`: header `{h}` is filled twice"));
             }
+            if let Some(o) = &spec.oauth {
+                o.validate()
+                    .map_err(|e| format!("credential `{name}`: {e}"))?;
+                if spec.per != crate::credentials::Per::Person
+                    || !matches!(inject, Inject::Header { .. })
+                {
+                    return Err(format!(
+                        "credential `{name}`: `oauth` is for `per: person` slots injected as a header (a person connects to the upstream's authorization server)"
+                    ));
+                }
+            }
             out.push(UpstreamSlot {
                 slot: crate::pool::CredentialSlot {
                     name: var,
                     per: spec.per,
                 },
                 inject,
+                oauth: spec.oauth.clone().map(Arc::new),
             });
         }
         Ok(out)
@@ -603,6 +620,12 @@ impl Upstreams {
             .unwrap_or_else(|| Arc::from(Vec::new()))
     }
 
+    /// The URL of an http upstream.
+    pub fn url(&self, group: &str) -> Option<String> {
+        let running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        running.get(group).and_then(|(s, _)| s.spec.url.clone())
+    }
+
     pub fn health(&self) -> BTreeMap<String, Health> {
         let running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         running
@@ -690,10 +713,20 @@ impl Upstreams {
             // The caller's credentials are refused, or its child did not start: that is the
             // caller's failure, and the upstream's circuit (everyone's) is left alone.
             shared.principals.forget(key, conn);
+            // A connected grant the upstream refuses was revoked there: only the person can
+            // mend that, and the error says where.
+            let again = if shared.credential_slots.iter().any(|s| s.oauth.is_some()) {
+                "; if the upstream revoked the connection, connect again on My connections (/admin/connections)"
+            } else {
+                ""
+            };
             return Err(UpstreamError::Failed(
                 group.to_owned(),
                 credentials::scrub_text(
-                    &format!("cannot connect with the credentials of {}: {e}", conn.whose),
+                    &format!(
+                        "cannot connect with the credentials of {}: {e}{again}",
+                        conn.whose
+                    ),
                     &conn.scrub,
                 ),
             ));

@@ -7,13 +7,14 @@ use std::collections::BTreeSet;
 
 use askama::Template;
 use axum::Form;
-use axum::extract::{Path, State};
-use axum::response::Response;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 
 use super::WebState;
 use super::error::WebError;
-use super::session::{Admin, redirect_with};
+use super::session::{self, Admin, redirect_with};
 use super::view::{Flash, render, when};
 use crate::credentials::Per;
 use crate::pool::Execution;
@@ -25,6 +26,10 @@ struct Row {
     set: bool,
     updated: String,
     last_used: String,
+    /// Filled by connecting to the upstream's authorization server, not by a typed value.
+    connect: bool,
+    /// What is wrong with a connection (refused at refresh, expired).
+    trouble: Option<String>,
 }
 
 #[derive(Template)]
@@ -87,6 +92,12 @@ pub async fn index(
                     .and_then(|c| c.last_used_at.as_ref())
                     .map(when)
                     .unwrap_or_else(|| "never".into()),
+                connect: service::connections::is_connected_slot(&state, &group, &name),
+                trouble: info.and_then(|_| {
+                    service::credentials::slot(Per::Person, &admin.username, &group, &name)
+                        .ok()
+                        .and_then(|k| service::connections::trouble(&state, &k))
+                }),
                 group,
                 name,
             }
@@ -160,4 +171,100 @@ pub async fn delete(
             "`{name}` for `{group}` is cleared: its calls fail until you set it again."
         )),
     ))
+}
+
+/// The cookie holding a connection's `state` between the redirect to the authorization server
+/// and its callback: `SameSite=Lax`, as the way back is a cross-site navigation (the `Strict`
+/// session cookie does not come with it, which is why the callback is bound to this cookie).
+const FLOW_COOKIE: &str = "toolgate_connect";
+
+fn flow_cookie(state: &WebState, value: &str, max_age: i64) -> HeaderValue {
+    let secure = if state.settings.issuer.starts_with("https://") {
+        "; Secure"
+    } else {
+        ""
+    };
+    HeaderValue::from_str(&format!(
+        "{FLOW_COOKIE}={value}; Path=/admin/connections/callback; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
+    ))
+    .unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// `POST /admin/connections/{group}/{name}/connect`: sends the person to the upstream's
+/// authorization server.
+pub async fn connect(
+    State(state): State<WebState>,
+    admin: Admin,
+    Path((group, name)): Path<(String, String)>,
+) -> Result<Response, WebError> {
+    let slot = own_slot(&state, &admin, &group, &name)?;
+    match service::connections::start(&state, &admin.username, &slot.group, &slot.name).await {
+        Ok((to, flow_state)) => {
+            let mut r = Redirect::to(&to).into_response();
+            r.headers_mut()
+                .append(header::SET_COOKIE, flow_cookie(&state, &flow_state, 600));
+            Ok(r)
+        }
+        Err(ServiceError::Conflict(e) | ServiceError::Invalid(e)) => {
+            Ok(redirect_with(&state, "/admin/connections", Flash::warn(e)))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct CallbackQuery {
+    state: Option<String>,
+    code: Option<String>,
+    error: Option<String>,
+}
+
+/// The page the callback answers with: it moves on to My connections by itself (a redirect
+/// chain that began at the authorization server would not carry the session cookie).
+#[derive(Template)]
+#[template(path = "admin/connection_done.html")]
+struct Done {
+    ok: bool,
+    text: String,
+}
+
+/// `GET /admin/connections/callback`: the authorization server's answer.
+pub async fn callback(
+    State(state): State<WebState>,
+    headers: HeaderMap,
+    Query(q): Query<CallbackQuery>,
+) -> Result<Response, WebError> {
+    let from_cookie = session::cookie(&headers, FLOW_COOKIE).unwrap_or("");
+    let presented = q.state.as_deref().unwrap_or("");
+    let outcome = if presented.is_empty() || !session::same_token(presented, from_cookie) {
+        Err("This connection did not start in this browser, or took too long. Start it again from My connections.".to_owned())
+    } else if let Some(e) = q.error.as_deref() {
+        // The server's words are bounded and escaped like any text from outside.
+        let e: String = e.chars().filter(|c| !c.is_control()).take(100).collect();
+        Err(format!(
+            "The authorization server did not connect you ({e}). Start again from My connections."
+        ))
+    } else {
+        match service::connections::finish(&state, presented, q.code.as_deref().unwrap_or("")).await
+        {
+            Ok((group, name)) => Ok(format!(
+                "Connected: `{name}` for `{group}` is stored; your calls to it carry your own token from now on."
+            )),
+            Err(
+                ServiceError::Invalid(e) | ServiceError::Conflict(e) | ServiceError::NotFound(e),
+            ) => Err(e),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let (ok, text) = match outcome {
+        Ok(t) => (true, t),
+        Err(t) => (false, t),
+    };
+    let mut r = render(&Done { ok, text })?;
+    if !ok {
+        *r.status_mut() = axum::http::StatusCode::BAD_REQUEST;
+    }
+    r.headers_mut()
+        .append(header::SET_COOKIE, flow_cookie(&state, "", 0));
+    Ok(r)
 }

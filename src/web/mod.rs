@@ -185,6 +185,10 @@ pub fn router<S>(app: AppState, config: Config) -> Router<S> {
             axum::routing::post(connections::delete),
         )
         .route(
+            "/connections/{group}/{name}/connect",
+            axum::routing::post(connections::connect),
+        )
+        .route(
             "/authorizations/{id}/revoke",
             axum::routing::post(authorizations::revoke),
         )
@@ -193,6 +197,9 @@ pub fn router<S>(app: AppState, config: Config) -> Router<S> {
         .route("/login", get(auth::login_form).post(auth::login_submit))
         .route("/sso/start", get(sso::start))
         .route("/sso/callback", get(sso::callback))
+        // Outside the session: the way back from an authorization server carries no session
+        // cookie; the handler checks the flow's own cookie instead.
+        .route("/connections/callback", get(connections::callback))
         .route(
             "/reset",
             get(accounts::reset_form).post(accounts::reset_submit),

@@ -23,20 +23,21 @@ pub const SESSION_COOKIE: &str = "toolgate_session";
 pub const LOGIN_COOKIE: &str = "toolgate_login";
 pub const FLASH_COOKIE: &str = "toolgate_flash";
 /// Routes any signed-in user may post to.
-const EVERY_ROLE_POSTS: [&str; 6] = [
+const EVERY_ROLE_POSTS: [&str; 7] = [
     "/admin/logout",
     "/admin/consent",
     "/admin/authorizations/{id}/revoke",
     // A person's own credentials (the handlers act on the signed-in person's only).
     "/admin/connections/{group}/{name}",
     "/admin/connections/{group}/{name}/delete",
+    "/admin/connections/{group}/{name}/connect",
     // An approver may hold any role: the service checks that they are one of the request's.
     "/admin/approvals/{id}/decide",
 ];
 /// Admin pages a `member` may see: signing out, letting a host act for them (consent), the
 /// approvals inbox (an approver may be a member), their own host authorizations, and their
 /// own credentials ("My connections").
-const MEMBER_PAGES: [&str; 9] = [
+const MEMBER_PAGES: [&str; 10] = [
     "/admin/logout",
     "/admin/consent",
     "/admin/authorizations",
@@ -44,6 +45,7 @@ const MEMBER_PAGES: [&str; 9] = [
     "/admin/connections",
     "/admin/connections/{group}/{name}",
     "/admin/connections/{group}/{name}/delete",
+    "/admin/connections/{group}/{name}/connect",
     "/admin/approvals",
     "/admin/approvals/{id}/decide",
 ];
