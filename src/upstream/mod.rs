@@ -713,13 +713,7 @@ impl Upstreams {
             // The caller's credentials are refused, or its child did not start: that is the
             // caller's failure, and the upstream's circuit (everyone's) is left alone.
             shared.principals.forget(key, conn);
-            // A connected grant the upstream refuses was revoked there: only the person can
-            // mend that, and the error says where.
-            let again = if shared.credential_slots.iter().any(|s| s.oauth.is_some()) {
-                "; if the upstream revoked the connection, connect again on My connections (/admin/connections)"
-            } else {
-                ""
-            };
+            let again = reconnect_hint(&shared);
             return Err(UpstreamError::Failed(
                 group.to_owned(),
                 credentials::scrub_text(
@@ -808,7 +802,13 @@ impl Upstreams {
                 // call reconnects) and the upstream's circuit, everyone's, is left alone.
                 Verdict::ConnectionFailed => {
                     shared.principals.forget(key, conn);
-                    return result;
+                    return match result {
+                        Err(UpstreamError::Failed(g, said)) => Err(UpstreamError::Failed(
+                            g,
+                            format!("{said}{}", reconnect_hint(&shared)),
+                        )),
+                        other => other,
+                    };
                 }
                 Verdict::Answered => return result,
             }
@@ -842,6 +842,16 @@ impl Upstreams {
             }
         }
         result
+    }
+}
+
+/// A connected grant the upstream refuses was revoked there: only the person can mend that,
+/// and the error says where.
+fn reconnect_hint(shared: &Shared) -> &'static str {
+    if shared.credential_slots.iter().any(|s| s.oauth.is_some()) {
+        "; if the upstream revoked the connection, connect again on My connections (/admin/connections)"
+    } else {
+        ""
     }
 }
 

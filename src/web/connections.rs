@@ -85,6 +85,15 @@ pub async fn index(
         .into_iter()
         .map(|(group, name)| {
             let info = stored.iter().find(|c| c.group == group && c.name == name);
+            let connect = service::connections::is_connected_slot(&state, &group, &name);
+            // A connected grant can be stored and still unusable (refused at refresh).
+            let trouble = if connect && info.is_some() {
+                service::credentials::slot(Per::Person, &admin.username, &group, &name)
+                    .ok()
+                    .and_then(|k| service::connections::trouble(&state, &k))
+            } else {
+                None
+            };
             Row {
                 set: info.is_some(),
                 updated: info.map(|c| when(&c.updated_at)).unwrap_or_default(),
@@ -92,12 +101,8 @@ pub async fn index(
                     .and_then(|c| c.last_used_at.as_ref())
                     .map(when)
                     .unwrap_or_else(|| "never".into()),
-                connect: service::connections::is_connected_slot(&state, &group, &name),
-                trouble: info.and_then(|_| {
-                    service::credentials::slot(Per::Person, &admin.username, &group, &name)
-                        .ok()
-                        .and_then(|k| service::connections::trouble(&state, &k))
-                }),
+                connect,
+                trouble,
                 group,
                 name,
             }
