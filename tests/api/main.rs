@@ -40,4 +40,5 @@ mod strangers;
 mod tokens;
 mod upstream;
 mod upstream_credentials;
+mod upstream_oauth_support;
 mod web;

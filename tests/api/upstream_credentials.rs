@@ -53,6 +53,12 @@ impl Drop for Echo {
 
 impl Echo {
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts it with `env` added to its environment, e.g. `USERINFO_URL` and `AS_ISSUER` to
+    /// make it the resource server of an OAuth authorization server (see the fixture).
+    pub async fn start_with(env: &[(&str, &str)]) -> Self {
         let entry = echo_entry();
         for _ in 0..5 {
             let port = free_port();
@@ -60,6 +66,7 @@ impl Echo {
                 .arg(&entry)
                 .args(["http", &port.to_string()])
                 .env("TOKENS", tokens())
+                .envs(env.iter().copied())
                 .stdout(std::process::Stdio::null())
                 .spawn()
                 .unwrap();
