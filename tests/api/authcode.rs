@@ -1573,3 +1573,314 @@ async fn a_person_connects_their_own_credential_and_the_host_calls_carry_it(pool
         r.text
     );
 }
+
+/// A slot filled by connecting: alice's browser goes through toolgate to the upstream's own
+/// authorization server (panva's oidc-provider), back with a code; the upstream (official SDK)
+/// checks the token it is sent at that server and answers with whose it is.
+async fn connect(
+    b: &mut Browser<'_>,
+    auth: &crate::upstream_oauth_support::AuthServer,
+    slot: &str,
+    login: &str,
+) -> Reply {
+    let csrf = csrf_of(&b.get("/admin/connections").await.text);
+    let r = b
+        .post(
+            &format!("/admin/connections/{slot}/connect"),
+            &[("csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    let to = location(&r);
+    assert!(to.starts_with(&auth.issuer), "{to}");
+    let q = query_of(&to);
+    assert_eq!(q["code_challenge_method"], "S256", "{to}");
+    assert!(q["resource"].ends_with("/mcp"), "{to}");
+    let back = auth.sign_in(&to, login).await;
+    let back = url::Url::parse(&back).unwrap();
+    b.get(&format!("{}?{}", back.path(), back.query().unwrap_or("")))
+        .await
+}
+
+/// The grant stored for `person`, opened as only the gateway can (the test holds the key).
+async fn stored_grant(
+    pool: &PgPool,
+    key: &str,
+    person: &str,
+    group: &str,
+) -> toolgate::credentials::oauth::Grant {
+    use toolgate::credentials::{KeyRing, Per, SlotKey};
+    let ring = KeyRing::parse(&[key]).unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let sealed = toolgate::db::credentials::load_sealed(&mut conn)
+        .await
+        .unwrap();
+    let slot = SlotKey {
+        per: Per::Person,
+        owner: person.into(),
+        group: group.into(),
+        name: "LINK".into(),
+    };
+    let v = toolgate::credentials::open(&ring, &slot, &sealed[&slot]).unwrap();
+    toolgate::credentials::oauth::Grant::parse(&v).unwrap()
+}
+
+async fn changes(pool: &PgPool, action: &str, person: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM audit_events WHERE event_type = 'admin.change'
+           AND details::jsonb->>'action' = $1 AND details::jsonb->'after'->>'owner' = $2",
+    )
+    .bind(action)
+    .bind(person)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn people_connect_to_an_upstreams_own_sign_in_and_their_calls_carry_their_tokens_refreshed_before_expiry(
+    pool: PgPool,
+) {
+    use std::time::Duration;
+
+    use crate::upstream::text;
+    use crate::upstream_credentials::{Echo, LISTER, key};
+    use crate::upstream_oauth_support::AuthServer;
+    const CLIENT: &str = "toolgate-upstream";
+    const TTL: u64 = 20;
+    let auth = AuthServer::start(
+        "http://127.0.0.1:8787/admin/connections/callback",
+        CLIENT,
+        TTL,
+    )
+    .await;
+    let echo = Echo::start_with(&[
+        ("USERINFO_URL", &format!("{}/me", auth.issuer)),
+        ("AS_ISSUER", &auth.issuer),
+    ])
+    .await;
+    let key = key();
+    let args = ["--oauth-cimd-allow-private", "--credential-key", &key];
+    let docs = document_server().await;
+    let one = TestApp::with(
+        pool.clone(),
+        &repo_path("tools"),
+        Some(&repo_path("policies")),
+        &args,
+    )
+    .await;
+    let two = TestApp::with(pool.clone(), &repo_path("tools"), None, &args).await;
+    for app in [&one, &two] {
+        // As `serve` runs them: the refresher, and the listener that brings each instance
+        // what the other changed (a new grant, a refreshed one).
+        toolgate::service::connections::spawn_refresher(app.state.clone());
+        toolgate::state::spawn_policy_listener(app.state.clone());
+    }
+    for person in ["alice", "bob"] {
+        let r = one
+            .admin(
+                "PUT",
+                &format!("/api/v1/agents/assistant/users/{person}"),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
+    }
+    crate::upstream::put_upstream(
+        &one,
+        "linked",
+        json!({
+            "transport": "http",
+            "url": format!("http://127.0.0.1:{}/mcp", echo.port),
+            "headers": {"Authorization": format!("Bearer {LISTER}")},
+            "credentials": {"LINK": {"per": "person", "inject": "header Authorization \"Bearer {}\"",
+                                     "oauth": {"client_id": CLIENT, "scopes": ["openid"]}}},
+            "pin": false
+        }),
+    )
+    .await;
+    let r = one
+        .admin(
+            "POST",
+            "/api/v1/agents/assistant/grants",
+            Some(json!({"target": "linked"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let own = one.token_for("assistant").await;
+    crate::helpers::until(
+        Duration::from_secs(10),
+        "the second instance knows the client",
+        || async { two.mcp(Some(&own), "tools/list", json!({})).await.status == StatusCode::OK },
+    )
+    .await;
+    crate::upstream::wait_for_tools(&one, &own, "linked").await;
+    crate::upstream::wait_for_tools(&two, &own, "linked").await;
+    let h = Host { app: one, docs };
+
+    // Alice's page offers Connect, not a value box; a typed value is refused.
+    let mut alice = Browser::signed_in(&h.app, "alice", "viewer").await;
+    let page = alice.get("/admin/connections").await;
+    assert!(
+        page.text.contains("data-connect=\"linked/LINK\""),
+        "{}",
+        page.text
+    );
+    assert!(page.text.contains("not connected"), "{}", page.text);
+    let csrf = csrf_of(&page.text);
+    let r = alice
+        .post(
+            "/admin/connections/linked/LINK",
+            &[("csrf", &csrf), ("value", "typed-token-123")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER);
+    let page = alice.get("/admin/connections").await;
+    assert!(
+        page.text.contains("by the person connecting"),
+        "{}",
+        page.text
+    );
+    assert!(page.text.contains("not connected"), "{}", page.text);
+
+    // A callback that did not start in this browser, and one answered twice, connect nobody.
+    let mut mallory = Browser::new(&h.app);
+    let r = mallory
+        .get("/admin/connections/callback?state=forged&code=abc")
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert!(
+        r.text.contains("did not start in this browser"),
+        "{}",
+        r.text
+    );
+
+    let connected_at = std::time::Instant::now();
+    let r = connect(&mut alice, &auth, "linked/LINK", "alice").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.text.contains("Connected"), "{}", r.text);
+    let mut bob = Browser::signed_in(&h.app, "bob", "viewer").await;
+    let r = connect(&mut bob, &auth, "linked/LINK", "bob").await;
+    assert!(r.text.contains("Connected"), "{}", r.text);
+
+    // Host tokens for alice and bob as `assistant`: each call carries its person's token, on
+    // both instances, over MCP and REST; the agent's own token (no person) has none.
+    let mut hosts = Vec::new();
+    for b in [&mut alice, &mut bob] {
+        let code = code_for(&h, b, REDIRECT).await;
+        let t = exchange(&h, &code, VERIFIER, REDIRECT).await;
+        assert_eq!(t.status, StatusCode::OK, "{}", t.text);
+        hosts.push(t.body["access_token"].as_str().unwrap().to_owned());
+    }
+    for app in [&h.app, &two] {
+        for (token, who) in hosts.iter().zip(["person:alice", "person:bob"]) {
+            let r = app.call(token, "linked__whoami", json!({})).await;
+            assert_ne!(r.body["result"]["isError"], true, "{}", r.text);
+            assert_eq!(text(&r.body), who);
+            let r = app
+                .post_json("/tools/linked/whoami", Some(token), json!({}))
+                .await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+            assert_eq!(r.body["content"][0]["text"], who, "{}", r.text);
+        }
+    }
+    let r = h.app.call(&own, "linked__whoami", json!({})).await;
+    assert_eq!(r.body["result"]["isError"], true, "{}", r.text);
+
+    // Refreshed before expiry: past the first token's lifetime the calls still carry the
+    // person's identity, each refresh happened once (a rotating refresh token spent twice
+    // would have been refused), and none failed.
+    let first = stored_grant(&pool, &key, "alice", "linked").await;
+    crate::helpers::until(
+        Duration::from_secs(60),
+        "alice's grant is refreshed",
+        || async { changes(&pool, "credential.refreshed", "alice").await >= 1 },
+    )
+    .await;
+    let second = stored_grant(&pool, &key, "alice", "linked").await;
+    assert_ne!(first.access_token, second.access_token);
+    while connected_at.elapsed() < Duration::from_secs(TTL + 2) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for app in [&h.app, &two] {
+        for (token, who) in hosts.iter().zip(["person:alice", "person:bob"]) {
+            let r = app.call(token, "linked__whoami", json!({})).await;
+            assert_ne!(r.body["result"]["isError"], true, "{}", r.text);
+            assert_eq!(text(&r.body), who);
+        }
+    }
+    assert_eq!(
+        changes(&pool, "credential.refresh_failed", "alice").await,
+        0
+    );
+    assert_eq!(changes(&pool, "credential.refresh_failed", "bob").await, 0);
+    assert_eq!(changes(&pool, "credential.connected", "alice").await, 1);
+
+    // The upstream's server revokes alice's grant: her calls say to connect again (not an
+    // empty list), the refresher records the refusal, and bob is untouched.
+    let grant = stored_grant(&pool, &key, "alice", "linked").await;
+    auth.revoke(grant.refresh_token.as_deref().unwrap(), CLIENT)
+        .await;
+    auth.revoke(&grant.access_token, CLIENT).await;
+    let r = h.app.call(&hosts[0], "linked__whoami", json!({})).await;
+    assert_eq!(r.body["result"]["isError"], true, "{}", r.text);
+    assert!(text(&r.body).contains("/admin/connections"), "{}", r.text);
+    assert!(
+        h.app
+            .tool_names(&hosts[0])
+            .await
+            .contains(&"linked__whoami".to_owned()),
+        "the tool stays listed"
+    );
+    crate::helpers::until(
+        Duration::from_secs(60),
+        "the refusal is on record",
+        || async { changes(&pool, "credential.refresh_failed", "alice").await >= 1 },
+    )
+    .await;
+    for app in [&h.app, &two] {
+        let r = app.call(&hosts[0], "linked__whoami", json!({})).await;
+        assert_eq!(r.body["result"]["isError"], true, "{}", r.text);
+        assert!(text(&r.body).contains("connect again"), "{}", r.text);
+        let r = app.call(&hosts[1], "linked__whoami", json!({})).await;
+        assert_eq!(text(&r.body), "person:bob", "{}", r.text);
+    }
+    let page = alice.get("/admin/connections").await;
+    assert!(
+        page.text.contains("data-problem=\"connection\""),
+        "{}",
+        page.text
+    );
+    assert!(page.text.contains("Reconnect"), "{}", page.text);
+
+    // Reconnecting mends it.
+    let r = connect(&mut alice, &auth, "linked/LINK", "alice").await;
+    assert!(r.text.contains("Connected"), "{}", r.text);
+    let r = h.app.call(&hosts[0], "linked__whoami", json!({})).await;
+    assert_eq!(text(&r.body), "person:alice", "{}", r.text);
+
+    // No token is on record anywhere, and no grant is readable in the database.
+    h.app.state.audit.flush().await.unwrap();
+    two.state.audit.flush().await.unwrap();
+    let record: String =
+        sqlx::query_scalar("SELECT coalesce(string_agg(e::text, '\n'), '') FROM audit_events e")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let latest = stored_grant(&pool, &key, "alice", "linked").await;
+    for secret in [
+        &first.access_token,
+        first.refresh_token.as_ref().unwrap(),
+        &latest.access_token,
+        latest.refresh_token.as_ref().unwrap(),
+    ] {
+        assert!(!record.contains(secret.as_str()), "a token is on record");
+    }
+    let rows: String = sqlx::query_scalar(
+        "SELECT coalesce(string_agg(encode(ciphertext, 'escape'), ''), '') FROM credentials",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(!rows.contains(&latest.access_token));
+}
