@@ -9,7 +9,7 @@ use askama::Template;
 use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::Response;
 use serde::Deserialize;
 
 use super::WebState;
@@ -205,7 +205,18 @@ pub async fn connect(
     let slot = own_slot(&state, &admin, &group, &name)?;
     match service::connections::start(&state, &admin.username, &slot.group, &slot.name).await {
         Ok((to, flow_state)) => {
-            let mut r = Redirect::to(&to).into_response();
+            // A page that moves on by itself rather than a redirect: the UI's CSP allows forms
+            // to send the browser to this origin only (`form-action 'self'`), and a browser
+            // holds a form's redirects to that too.
+            let host = url::Url::parse(&to)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_owned))
+                .unwrap_or_default();
+            let mut r = render(&Go {
+                to,
+                group: slot.group.clone(),
+                host,
+            })?;
             r.headers_mut()
                 .append(header::SET_COOKIE, flow_cookie(&state, &flow_state, 600));
             Ok(r)
@@ -215,6 +226,14 @@ pub async fn connect(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+#[derive(Template)]
+#[template(path = "admin/connection_go.html")]
+struct Go {
+    to: String,
+    group: String,
+    host: String,
 }
 
 #[derive(Deserialize)]
