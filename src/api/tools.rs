@@ -195,7 +195,12 @@ async fn list_upstreams(State(state): State<AppState>) -> ApiResult<Json<Value>>
     let health = state.upstreams.health();
     let list: Vec<Value> = specs
         .into_iter()
-        .map(|(name, spec)| json!({"name": name, "spec": spec, "health": health.get(&name)}))
+        // Write-only like stored credentials: a header or variable whose name says it is a
+        // secret is not shown back (`policy export`, which writes the config, keeps it).
+        .map(|(name, spec)| {
+            let spec = crate::upstream::on_record(&serde_json::to_value(&spec).unwrap_or_default());
+            json!({"name": name, "spec": spec, "health": health.get(&name)})
+        })
         .collect();
     Ok(Json(json!({"upstreams": list})))
 }

@@ -167,6 +167,11 @@ async fn each_agent_reaches_an_http_upstream_as_itself_on_two_instances(pool: Pg
     set(&one, "a", "echo", TOKEN_A).await;
     set(&one, "b", "echo", TOKEN_B).await;
     wait_for_tools(&one, &a, "echo").await;
+    // The upstream's own token is not shown back either.
+    let listed = one.admin("GET", "/api/v1/upstreams", None).await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.text);
+    assert!(!listed.text.contains(LISTER), "{}", listed.text);
+    assert!(listed.text.contains("[redacted]"), "{}", listed.text);
 
     // An agent that cannot fill the upstream's slot is flagged, with the request that fills it.
     let shown = one.admin("GET", "/api/v1/agents/c", None).await;
