@@ -7,8 +7,9 @@ ALTER TABLE credentials ADD COLUMN refresh_at TIMESTAMPTZ;
 CREATE INDEX credentials_refresh_at_idx ON credentials (refresh_at) WHERE refresh_at IS NOT NULL;
 
 -- Connections sent to an authorization server, waiting for its callback: the PKCE verifier and
--- the endpoints discovered at the start, under the hash of `state`, bound to the account that
--- started it (a callback is accepted only in that account's session, and only once).
+-- the endpoints discovered at the start, under the hash of `state`, for the account that
+-- started it. A callback is accepted only from the browser that started it (which holds
+-- `state` in a cookie of its own) and only once.
 CREATE TABLE credential_connect_flows (
     state_sha256   TEXT PRIMARY KEY,
     username       TEXT NOT NULL,

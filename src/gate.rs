@@ -862,6 +862,19 @@ impl<'a> Gate<'a> {
                         Some(g) if g.expired(chrono::Utc::now()) => {
                             Err("it expired and was not refreshed".to_owned())
                         }
+                        // The token's audience is where the upstream was when it was given.
+                        Some(g)
+                            if !self
+                                .state
+                                .upstreams
+                                .url(group)
+                                .is_some_and(|u| g.for_resource(&u)) =>
+                        {
+                            Err(format!(
+                                "it was given for `{}`, and the upstream has moved since",
+                                g.resource
+                            ))
+                        }
                         Some(g) => Ok(zeroize::Zeroizing::new(g.access_token.into_bytes())),
                     };
                     match usable {

@@ -22,8 +22,14 @@ use oauth2::{
 };
 use serde::{Deserialize, Serialize};
 
-/// Largest metadata document read from a server.
+/// Largest metadata document or token answer read from a server.
 const MAX_METADATA_BYTES: usize = 64 * 1024;
+/// Longest access or refresh token kept (the grant is sealed whole, and the access token goes
+/// out on every call of its person).
+const MAX_TOKEN_CHARS: usize = 8 * 1024;
+/// A grant is never due again sooner than this after it was stored: a server that issues
+/// tokens expiring at once must not keep the refresher (and itself) busy.
+const MIN_REFRESH_SECS: i64 = 5;
 /// How long one request to a server may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// A grant is refreshed when this much of its lifetime is left, or half of it if that is
@@ -133,7 +139,14 @@ impl Grant {
         let expires = self.expires_at?;
         let life = (expires - now.timestamp()).max(0);
         let ahead = REFRESH_AHEAD.min(life / 2);
-        DateTime::from_timestamp(expires - ahead, 0)
+        DateTime::from_timestamp((expires - ahead).max(now.timestamp() + MIN_REFRESH_SECS), 0)
+    }
+
+    /// Whether it was obtained for `upstream_url`: a grant is not sent to an upstream that was
+    /// moved elsewhere since (its audience is the old one).
+    pub fn for_resource(&self, upstream_url: &str) -> bool {
+        url::Url::parse(upstream_url)
+            .is_ok_and(|u| u.as_str().trim_end_matches('/') == self.resource.trim_end_matches('/'))
     }
 
     fn from_response(
@@ -141,8 +154,16 @@ impl Grant {
         token_endpoint: &str,
         resource: &str,
         previous_refresh: Option<String>,
-    ) -> Self {
-        Grant {
+    ) -> Result<Self, String> {
+        if r.access_token().secret().len() > MAX_TOKEN_CHARS
+            || r.refresh_token()
+                .is_some_and(|t| t.secret().len() > MAX_TOKEN_CHARS)
+        {
+            return Err(format!(
+                "the server issued a token longer than {MAX_TOKEN_CHARS} characters"
+            ));
+        }
+        Ok(Grant {
             access_token: r.access_token().secret().clone(),
             // A server that does not rotate refresh tokens keeps the one it gave.
             refresh_token: r
@@ -155,7 +176,7 @@ impl Grant {
             token_endpoint: token_endpoint.to_owned(),
             resource: resource.to_owned(),
             failed: None,
-        }
+        })
     }
 }
 
@@ -374,10 +395,10 @@ pub async fn exchange(
         .exchange_code(AuthorizationCode::new(code.to_owned()))
         .set_pkce_verifier(PkceCodeVerifier::new(verifier.to_owned()))
         .add_extra_param("resource", resource.to_owned())
-        .request_async(&http_client()?)
+        .request_async(&Bounded(http_client()?))
         .await
         .map_err(|e| describe(&e))?;
-    Ok(Grant::from_response(&r, token_endpoint, resource, None))
+    Grant::from_response(&r, token_endpoint, resource, None)
 }
 
 /// Why a refresh did not give a new grant.
@@ -403,19 +424,15 @@ pub async fn refresh(oauth: &SlotOAuth, grant: &Grant) -> Result<Grant, RefreshE
     if let Some(s) = oauth.secret().map_err(RefreshError::Transient)? {
         client = client.set_client_secret(s);
     }
-    let http = http_client().map_err(RefreshError::Transient)?;
+    let http = Bounded(http_client().map_err(RefreshError::Transient)?);
     match client
         .exchange_refresh_token(&RefreshToken::new(rt.clone()))
         .add_extra_param("resource", grant.resource.clone())
         .request_async(&http)
         .await
     {
-        Ok(r) => Ok(Grant::from_response(
-            &r,
-            &grant.token_endpoint,
-            &grant.resource,
-            Some(rt),
-        )),
+        Ok(r) => Grant::from_response(&r, &grant.token_endpoint, &grant.resource, Some(rt))
+            .map_err(RefreshError::Refused),
         Err(RequestTokenError::ServerResponse(e))
             if matches!(
                 e.error(),
@@ -427,6 +444,49 @@ pub async fn refresh(oauth: &SlotOAuth, grant: &Grant) -> Result<Grant, RefreshE
             Err(RefreshError::Refused(bounded(&e.to_string())))
         }
         Err(e) => Err(RefreshError::Transient(describe(&e))),
+    }
+}
+
+/// oauth2's own reqwest client reads an answer whole, however long; a token endpoint is
+/// outside, so this one reads at most [`MAX_METADATA_BYTES`] of it.
+struct Bounded(oauth2::reqwest::Client);
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct BoundedError(String);
+
+impl<'c> oauth2::AsyncHttpClient<'c> for Bounded {
+    type Error = BoundedError;
+    type Future = std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<oauth2::HttpResponse, BoundedError>>
+                + Send
+                + 'c,
+        >,
+    >;
+
+    fn call(&'c self, request: oauth2::HttpRequest) -> Self::Future {
+        Box::pin(async move {
+            let fail = |e: &dyn std::fmt::Display| BoundedError(e.to_string());
+            let request: oauth2::reqwest::Request = request
+                .try_into()
+                .map_err(|e: oauth2::reqwest::Error| fail(&e))?;
+            let mut resp = self.0.execute(request).await.map_err(|e| fail(&e))?;
+            let mut answer = oauth2::http::Response::builder().status(resp.status());
+            for (name, value) in resp.headers() {
+                answer = answer.header(name, value);
+            }
+            let mut body = Vec::new();
+            while let Some(chunk) = resp.chunk().await.map_err(|e| fail(&e))? {
+                if body.len() + chunk.len() > MAX_METADATA_BYTES {
+                    return Err(BoundedError(format!(
+                        "the token endpoint answered more than {MAX_METADATA_BYTES} bytes"
+                    )));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            answer.body(body).map_err(|e| fail(&e))
+        })
     }
 }
 
@@ -475,6 +535,9 @@ mod tests {
         let short = grant(20, true).refresh_at(now).unwrap();
         assert_eq!((short - now).num_seconds(), 10, "half of a short lifetime");
         assert!(grant(3600, false).refresh_at(now).is_none());
+        // A token that expires at once is not due again at once.
+        let instant = grant(0, true).refresh_at(now).unwrap();
+        assert_eq!((instant - now).num_seconds(), MIN_REFRESH_SECS);
         let mut refused = grant(3600, true);
         refused.failed = Some("invalid_grant".into());
         assert!(refused.refresh_at(now).is_none());

@@ -169,15 +169,19 @@ pub async fn finish(state: &AppState, flow_state: &str, code: &str) -> Result<(S
     Ok((flow.group_name, flow.name))
 }
 
-/// Refreshes the grants due now (those of this instance's take); how many were handled.
+/// Refreshes up to [`BATCH`] grants due now, one transaction each (a row is locked only while
+/// its own server answers, so one slow server holds up no other grant); how many were handled.
 pub async fn refresh_due(state: &AppState) -> Result<usize> {
-    let mut tx = state.db.begin().await?;
-    let due = db::credentials::take_due(&mut tx, BATCH).await?;
-    let n = due.len();
-    for (slot, sealed) in due {
+    let mut n = 0;
+    while n < BATCH as usize {
+        let mut tx = state.db.begin().await?;
+        let Some((slot, sealed)) = db::credentials::take_due(&mut tx, 1).await?.pop() else {
+            break;
+        };
         refresh_one(state, &mut tx, &slot, &sealed).await?;
+        tx.commit().await?;
+        n += 1;
     }
-    tx.commit().await?;
     if n > 0 {
         refresh(state, Parts::CREDENTIALS).await;
     }
