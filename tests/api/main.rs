@@ -40,5 +40,6 @@ mod strangers;
 mod tokens;
 mod upstream;
 mod upstream_credentials;
+mod upstream_oauth_attacks;
 mod upstream_oauth_support;
 mod web;
