@@ -396,21 +396,45 @@ fn an_upstream_credential_is_declared_where_it_can_be_injected() {
             json!({"T": {"per": "agent", "inject": "header A {}"}, "U": {"per": "agent", "inject": "header a {}"}}),
             "twice",
         ),
+        // Connecting is a person's act: no agent or shared slot, no environment.
+        (
+            json!({"T": {"per": "agent", "inject": "header A {}", "oauth": {"client_id": "c"}}}),
+            "per: person",
+        ),
+        (
+            json!({"T": {"per": "person", "inject": "header A {}", "oauth": {"client_id": ""}}}),
+            "client_id",
+        ),
+        (
+            json!({"T": {"per": "person", "inject": "header A {}", "oauth": {"client_id": "c", "issuer": "http://as.example"}}}),
+            "https",
+        ),
+        (
+            json!({"T": {"per": "person", "inject": "header A {}", "oauth": {"client_id": "c", "scopes": ["a b"]}}}),
+            "scopes",
+        ),
+        (
+            json!({"T": {"per": "person", "inject": "header A {}", "oauth": {"client_id": "c", "secret": "x"}}}),
+            "unknown field",
+        ),
     ] {
         let e = spec(http(bad.clone())).unwrap_err();
         assert!(e.contains(says), "{bad}: {e}");
     }
-    // As the README writes it in a policy file.
-    let yaml: UpstreamSpec = serde_yaml::from_str(
+    // As the README writes them in a policy file, the typed slot and the connected one: each
+    // validates, and a policy export reads back the same.
+    for written in [
         "transport: http\nurl: https://mcp.example.com/mcp\ncredentials:\n  GITHUB_TOKEN:\n    per: person\n    inject: header Authorization \"Bearer {}\"\n",
-    )
-    .unwrap();
-    yaml.validate().unwrap();
-    assert_eq!(
-        serde_yaml::from_str::<UpstreamSpec>(&serde_yaml::to_string(&yaml).unwrap()).unwrap(),
-        yaml,
-        "a policy export reads back the same"
-    );
+        "transport: http\nurl: https://mcp.tracker.example/mcp\nheaders: {X-Api-Key: \"svc-lister-key\"}\ncredentials:\n  TRACKER:\n    per: person\n    inject: header Authorization \"Bearer {}\"\n    oauth:\n      client_id: toolgate\n      client_secret_env: TRACKER_CLIENT_SECRET\n      scopes: [read]\n",
+    ] {
+        let yaml: UpstreamSpec = serde_yaml::from_str(written).unwrap();
+        yaml.validate().unwrap();
+        assert_eq!(
+            serde_yaml::from_str::<UpstreamSpec>(&serde_yaml::to_string(&yaml).unwrap()).unwrap(),
+            yaml,
+            "{written}"
+        );
+    }
     let stdio = json!({"transport": "stdio", "command": "x", "env": {"T": "v"},
         "credentials": {"T": {"per": "agent", "inject": "env"}}});
     assert!(spec(stdio).unwrap_err().contains("one source"));
