@@ -25,32 +25,46 @@ pub struct CredentialInfo {
     pub last_used_at: Option<DateTime<Utc>>,
 }
 
+/// A stored row as the store holds it: its slot and its sealed value.
+#[derive(sqlx::FromRow)]
+struct SealedRow {
+    owner_kind: String,
+    owner: String,
+    group_name: String,
+    name: String,
+    kek_id: String,
+    wrapped_key: Vec<u8>,
+    ciphertext: Vec<u8>,
+}
+
+impl SealedRow {
+    /// `None` for an owner kind this version does not know.
+    fn split(self) -> Option<(SlotKey, Sealed)> {
+        Some((
+            SlotKey {
+                per: Per::parse(&self.owner_kind)?,
+                owner: self.owner,
+                group: self.group_name,
+                name: self.name,
+            },
+            Sealed {
+                kek_id: self.kek_id,
+                wrapped_key: self.wrapped_key,
+                ciphertext: self.ciphertext,
+            },
+        ))
+    }
+}
+
 /// Every sealed credential, for the in-memory store.
 pub async fn load_sealed(conn: &mut PgConnection) -> sqlx::Result<HashMap<SlotKey, Sealed>> {
-    let rows = sqlx::query!(
+    let rows = sqlx::query_as!(
+        SealedRow,
         "SELECT owner_kind, owner, group_name, name, kek_id, wrapped_key, ciphertext FROM credentials"
     )
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|r| {
-            let per = Per::parse(&r.owner_kind)?;
-            Some((
-                SlotKey {
-                    per,
-                    owner: r.owner,
-                    group: r.group_name,
-                    name: r.name,
-                },
-                Sealed {
-                    kek_id: r.kek_id,
-                    wrapped_key: r.wrapped_key,
-                    ciphertext: r.ciphertext,
-                },
-            ))
-        })
-        .collect())
+    Ok(rows.into_iter().filter_map(SealedRow::split).collect())
 }
 
 fn resource(slot: &SlotKey) -> String {
@@ -112,7 +126,8 @@ pub async fn put(
 /// Grants due for refresh, locked for this transaction; rows another instance is refreshing
 /// are skipped (it holds their lock), so a refresh token is spent once.
 pub async fn take_due(conn: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<(SlotKey, Sealed)>> {
-    let rows = sqlx::query!(
+    let rows = sqlx::query_as!(
+        SealedRow,
         "SELECT owner_kind, owner, group_name, name, kek_id, wrapped_key, ciphertext
          FROM credentials WHERE refresh_at <= now()
          ORDER BY refresh_at LIMIT $1 FOR UPDATE SKIP LOCKED",
@@ -120,24 +135,7 @@ pub async fn take_due(conn: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<(
     )
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|r| {
-            Some((
-                SlotKey {
-                    per: Per::parse(&r.owner_kind)?,
-                    owner: r.owner,
-                    group: r.group_name,
-                    name: r.name,
-                },
-                Sealed {
-                    kek_id: r.kek_id,
-                    wrapped_key: r.wrapped_key,
-                    ciphertext: r.ciphertext,
-                },
-            ))
-        })
-        .collect())
+    Ok(rows.into_iter().filter_map(SealedRow::split).collect())
 }
 
 /// After a refresh attempt: the new sealed grant (if any) and when it is next due, on record

@@ -184,15 +184,13 @@ pub async fn delete(
 const FLOW_COOKIE: &str = "toolgate_connect";
 
 fn flow_cookie(state: &WebState, value: &str, max_age: i64) -> HeaderValue {
-    let secure = if state.settings.issuer.starts_with("https://") {
-        "; Secure"
-    } else {
-        ""
-    };
-    HeaderValue::from_str(&format!(
-        "{FLOW_COOKIE}={value}; Path=/admin/connections/callback; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
-    ))
-    .unwrap_or_else(|_| HeaderValue::from_static(""))
+    session::flow_cookie(
+        state,
+        FLOW_COOKIE,
+        "/admin/connections/callback",
+        value,
+        max_age,
+    )
 }
 
 /// `POST /admin/connections/{group}/{name}/connect`: sends the person to the upstream's

@@ -249,6 +249,27 @@ pub async fn require_session(State(state): State<WebState>, req: Request, next: 
 }
 
 /// A redirect that shows `flash` on the next page (post/redirect/get).
+/// A cookie that carries a flow's `state` to an outside server and back: `SameSite=Lax`, as
+/// the way back is a cross-site navigation (a `Strict` cookie would not come with it), and
+/// sent only to `path` (the callback).
+pub fn flow_cookie(
+    state: &WebState,
+    name: &str,
+    path: &str,
+    value: &str,
+    max_age: i64,
+) -> HeaderValue {
+    let secure = if state.settings.issuer.starts_with("https://") {
+        "; Secure"
+    } else {
+        ""
+    };
+    HeaderValue::from_str(&format!(
+        "{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
+    ))
+    .unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
 pub fn redirect_with(state: &WebState, to: &str, flash: Flash) -> Response {
     let mut r = Redirect::to(to).into_response();
     r.headers_mut().append(

@@ -303,18 +303,8 @@ fn sso(state: &WebState) -> Result<&Sso, WebError> {
     state.sso.as_deref().ok_or(WebError::NotFound)
 }
 
-/// The flow cookie: `SameSite=Lax`, as the provider's redirect back is a cross-site navigation
-/// (a `Strict` cookie would not come with it).
 fn flow_cookie(state: &WebState, value: &str, max_age: i64) -> HeaderValue {
-    let secure = if state.settings.issuer.starts_with("https://") {
-        "; Secure"
-    } else {
-        ""
-    };
-    HeaderValue::from_str(&format!(
-        "{FLOW_COOKIE}={value}; Path=/admin/sso; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
-    ))
-    .unwrap_or_else(|_| HeaderValue::from_static(""))
+    session::flow_cookie(state, FLOW_COOKIE, "/admin/sso", value, max_age)
 }
 
 fn bounded(s: &str) -> String {
