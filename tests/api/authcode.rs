@@ -19,8 +19,8 @@ use sqlx::PgPool;
 use crate::helpers::{Reply, TestApp, repo_path};
 use crate::web::Browser;
 
-const VERIFIER: &str = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk-and-some-more";
-const REDIRECT: &str = "http://127.0.0.1/callback";
+pub(crate) const VERIFIER: &str = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk-and-some-more";
+pub(crate) const REDIRECT: &str = "http://127.0.0.1/callback";
 /// Where an outsider's metadata document sends browsers back to.
 const ATTACKER: &str = "https://attacker.example/phish";
 
@@ -34,7 +34,7 @@ fn challenge(verifier: &str) -> String {
 
 /// Serves metadata documents: `/client.json` (valid), `/big.json` (over 64 KiB, streamed
 /// without a length), `/stalls.json` (headers, then nothing).
-async fn document_server() -> SocketAddr {
+pub(crate) async fn document_server() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let base = format!("http://{addr}");
@@ -119,7 +119,7 @@ async fn setup(pool: PgPool) -> Host {
     Host { app, docs }
 }
 
-fn authorize_url(client_id: &str, redirect: &str, extra: &[(&str, &str)]) -> String {
+pub(crate) fn authorize_url(client_id: &str, redirect: &str, extra: &[(&str, &str)]) -> String {
     let ch = challenge(VERIFIER);
     let mut pairs: Vec<(&str, &str)> = vec![
         ("response_type", "code"),
@@ -152,7 +152,7 @@ fn location(r: &Reply) -> String {
         .to_owned()
 }
 
-fn query_of(loc: &str) -> HashMap<String, String> {
+pub(crate) fn query_of(loc: &str) -> HashMap<String, String> {
     url::Url::parse(loc)
         .unwrap()
         .query_pairs()
@@ -187,7 +187,7 @@ fn hidden_fields(html: &str) -> Vec<(String, String)> {
 }
 
 /// Opens the authorize URL signed in, and returns the consent page.
-async fn consent_page(b: &mut Browser<'_>, url: &str) -> Reply {
+pub(crate) async fn consent_page(b: &mut Browser<'_>, url: &str) -> Reply {
     let r = b.get(url).await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
     let to = location(&r);
@@ -198,7 +198,7 @@ async fn consent_page(b: &mut Browser<'_>, url: &str) -> Reply {
 }
 
 /// Allows as `agent` on the consent page; the redirect back to the host.
-async fn consent(b: &mut Browser<'_>, page: &Reply, agent: &str) -> Reply {
+pub(crate) async fn consent(b: &mut Browser<'_>, page: &Reply, agent: &str) -> Reply {
     let fields = hidden_fields(&page.text);
     let mut form: Vec<(&str, &str)> = fields
         .iter()
@@ -1609,13 +1609,14 @@ async fn connect(
         .await
 }
 
-/// The grant stored for `person`, opened as only the gateway can (the test holds the key).
-async fn stored_grant(
+/// The grant stored in `person`'s slot `group`/`LINK`, opened as only the gateway can (the
+/// test holds the key).
+pub(crate) async fn stored_grant(
     pool: &PgPool,
     key: &str,
     person: &str,
     group: &str,
-) -> toolgate::credentials::oauth::Grant {
+) -> Option<toolgate::credentials::oauth::Grant> {
     use toolgate::credentials::{KeyRing, Per, SlotKey};
     let ring = KeyRing::parse(&[key]).unwrap();
     let mut conn = pool.acquire().await.unwrap();
@@ -1628,8 +1629,8 @@ async fn stored_grant(
         group: group.into(),
         name: "LINK".into(),
     };
-    let v = toolgate::credentials::open(&ring, &slot, &sealed[&slot]).unwrap();
-    toolgate::credentials::oauth::Grant::parse(&v).unwrap()
+    let v = toolgate::credentials::open(&ring, &slot, sealed.get(&slot)?).unwrap();
+    toolgate::credentials::oauth::Grant::parse(&v)
 }
 
 async fn changes(pool: &PgPool, action: &str, person: &str) -> i64 {
@@ -1797,14 +1798,14 @@ async fn people_connect_to_an_upstreams_own_sign_in_and_their_calls_carry_their_
     // Refreshed before expiry: past the first token's lifetime the calls still carry the
     // person's identity, each refresh happened once (a rotating refresh token spent twice
     // would have been refused), and none failed.
-    let first = stored_grant(&pool, &key, "alice", "linked").await;
+    let first = stored_grant(&pool, &key, "alice", "linked").await.unwrap();
     crate::helpers::until(
         Duration::from_secs(60),
         "alice's grant is refreshed",
         || async { changes(&pool, "credential.refreshed", "alice").await >= 1 },
     )
     .await;
-    let second = stored_grant(&pool, &key, "alice", "linked").await;
+    let second = stored_grant(&pool, &key, "alice", "linked").await.unwrap();
     assert_ne!(first.access_token, second.access_token);
     while connected_at.elapsed() < Duration::from_secs(TTL + 2) {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1825,7 +1826,7 @@ async fn people_connect_to_an_upstreams_own_sign_in_and_their_calls_carry_their_
 
     // The upstream's server revokes alice's grant: her calls say to connect again (not an
     // empty list), the refresher records the refusal, and bob is untouched.
-    let grant = stored_grant(&pool, &key, "alice", "linked").await;
+    let grant = stored_grant(&pool, &key, "alice", "linked").await.unwrap();
     auth.revoke(grant.refresh_token.as_deref().unwrap(), CLIENT)
         .await;
     auth.revoke(&grant.access_token, CLIENT).await;
@@ -1874,7 +1875,7 @@ async fn people_connect_to_an_upstreams_own_sign_in_and_their_calls_carry_their_
             .fetch_one(&pool)
             .await
             .unwrap();
-    let latest = stored_grant(&pool, &key, "alice", "linked").await;
+    let latest = stored_grant(&pool, &key, "alice", "linked").await.unwrap();
     for secret in [
         &first.access_token,
         first.refresh_token.as_ref().unwrap(),

@@ -19,8 +19,6 @@ use axum::Router;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use http::{HeaderMap, Request, StatusCode, header};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
@@ -31,9 +29,11 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
+use crate::authcode::{
+    REDIRECT, VERIFIER, authorize_url, consent, consent_page, document_server, query_of,
+};
 use crate::helpers::{Reply, TestApp, repo_path, until};
 use crate::upstream::{put_upstream, text, wait_for_tools};
 use crate::web::{Browser, csrf_of, location};
@@ -42,8 +42,6 @@ use crate::web::{Browser, csrf_of, location};
 const LISTER: &str = "lister-token-0123456789";
 const CLIENT: &str = "toolgate-at-hostile";
 /// The host's redirect URI and PKCE verifier, for host tokens of people acting as `assistant`.
-const HOST_REDIRECT: &str = "http://127.0.0.1/callback";
-const HOST_VERIFIER: &str = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk-and-some-more";
 /// Bytes a hostile token endpoint streams when told to be enormous.
 const ENORMOUS: usize = 64 << 20;
 
@@ -362,24 +360,6 @@ fn token_endpoint(
 // ---------------------------------------------------------------------------------------------
 // The gateway, its people and their hosts.
 
-/// Serves `/client.json`, the host's Client ID Metadata Document.
-async fn document_server() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let doc = move || async move {
-        axum::Json(json!({
-            "client_id": format!("http://{addr}/client.json"),
-            "client_name": "Desk Host",
-            "redirect_uris": [HOST_REDIRECT],
-            "token_endpoint_auth_method": "none",
-            "grant_types": ["authorization_code", "refresh_token"],
-        }))
-    };
-    let app = Router::new().route("/client.json", get(doc));
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
-
 struct Gate {
     app: TestApp,
     key: String,
@@ -452,14 +432,6 @@ async fn press_connect(b: &mut Browser<'_>, slot: &str) -> Reply {
         &[("csrf", &csrf)],
     )
     .await
-}
-
-fn query_of(loc: &str) -> HashMap<String, String> {
-    url::Url::parse(loc)
-        .unwrap()
-        .query_pairs()
-        .into_owned()
-        .collect()
 }
 
 /// Where Connect sent the browser on to, if it did: a redirect, or a page that moves on by
@@ -575,64 +547,15 @@ async fn connected_on_record(pool: &PgPool, person: &str) -> i64 {
 
 /// The grant stored for `person`, opened with the test's key.
 async fn stored_grant(g: &Gate, person: &str) -> Option<toolgate::credentials::oauth::Grant> {
-    use toolgate::credentials::{KeyRing, Per, SlotKey};
-    let ring = KeyRing::parse(&[g.key.as_str()]).unwrap();
-    let mut conn = g.pool.acquire().await.unwrap();
-    let sealed = toolgate::db::credentials::load_sealed(&mut conn)
-        .await
-        .unwrap();
-    let slot = SlotKey {
-        per: Per::Person,
-        owner: person.into(),
-        group: "hostile".into(),
-        name: "LINK".into(),
-    };
-    let v = toolgate::credentials::open(&ring, &slot, sealed.get(&slot)?).unwrap();
-    toolgate::credentials::oauth::Grant::parse(&v)
+    crate::authcode::stored_grant(&g.pool, &g.key, person, "hostile").await
 }
 
 /// A host token for `b`'s person acting as `assistant` (authorization code + PKCE at the
 /// gateway, the host identified by its metadata document).
 async fn host_token(g: &Gate, b: &mut Browser<'_>) -> String {
     let client_id = format!("http://{}/client.json", g.docs);
-    let challenge = URL_SAFE_NO_PAD.encode(Sha256::digest(HOST_VERIFIER.as_bytes()));
-    let url = format!(
-        "/oauth/authorize?{}",
-        url::form_urlencoded::Serializer::new(String::new())
-            .extend_pairs([
-                ("response_type", "code"),
-                ("client_id", client_id.as_str()),
-                ("redirect_uri", HOST_REDIRECT),
-                ("state", "st-123"),
-                ("code_challenge", challenge.as_str()),
-                ("code_challenge_method", "S256"),
-                ("resource", "http://127.0.0.1:8787/mcp"),
-            ])
-            .finish()
-    );
-    let r = b.get(&url).await;
-    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
-    let page = b.get(location(&r)).await;
-    assert_eq!(page.status, StatusCode::OK, "{}", page.text);
-    let mut form = Vec::new();
-    for part in page.text.split("<input type=\"hidden\" name=\"").skip(1) {
-        let (name, rest) = part.split_once('"').unwrap();
-        let value = rest.split("value=\"").nth(1).unwrap();
-        let value = &value[..value.find('"').unwrap()];
-        let value = value
-            .replace("&#x2f;", "/")
-            .replace("&#x2F;", "/")
-            .replace("&quot;", "\"")
-            .replace("&#39;", "'")
-            .replace("&lt;", "<")
-            .replace("&gt;", ">")
-            .replace("&amp;", "&");
-        form.push((name.to_owned(), value));
-    }
-    form.push(("agent".into(), "assistant".into()));
-    form.push(("decision".into(), "allow".into()));
-    let pairs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let r = b.post("/admin/consent", &pairs).await;
+    let page = consent_page(b, &authorize_url(&client_id, REDIRECT, &[])).await;
+    let r = consent(b, &page, "assistant").await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
     let code = query_of(location(&r))["code"].clone();
     let t = g
@@ -642,8 +565,8 @@ async fn host_token(g: &Gate, b: &mut Browser<'_>) -> String {
                 ("grant_type", "authorization_code"),
                 ("client_id", &client_id),
                 ("code", &code),
-                ("code_verifier", HOST_VERIFIER),
-                ("redirect_uri", HOST_REDIRECT),
+                ("code_verifier", VERIFIER),
+                ("redirect_uri", REDIRECT),
                 ("resource", "http://127.0.0.1:8787/mcp"),
             ],
             None,
