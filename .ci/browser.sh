@@ -4,7 +4,7 @@
 # Provider (oidc-provider) from their lockfiles; no browser download), builds toolgate, and runs
 # every tests/browser/*.test.mjs with node's test runner (mcp-remote: the bridge desktop hosts run,
 # registering itself and held for an admin; oauth-host: a host signing a person in
-# through the SDK). Exits non-zero on any failure. Screenshots land in $SCREENSHOT_DIR (default
+# through the SDK; connections: a person connecting to an upstream's own sign-in). Exits non-zero on any failure. Screenshots land in $SCREENSHOT_DIR (default
 # target/browser-screenshots).
 #
 # Needs: Postgres on 127.0.0.1:5432 with trust auth (PG_BASE to change), Node 20 or newer, npm.
