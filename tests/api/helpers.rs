@@ -336,3 +336,33 @@ pub async fn refusals_on_record(app: &TestApp, filter: &str) -> i64 {
     .await
     .unwrap()
 }
+
+/// p50 latency, in µs, of REST calls to `paths[0]` and `paths[1]` with `token`, interleaved
+/// over `rounds` (the first 20 are warm-up and not counted), each answer checked by `check`:
+/// the two figures of one run that a cost ratio compares.
+pub async fn interleaved_p50(
+    app: &TestApp,
+    token: &str,
+    paths: [&str; 2],
+    rounds: usize,
+    check: impl Fn(&Reply),
+) -> (f64, f64) {
+    let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..rounds {
+        for (i, path) in paths.into_iter().enumerate() {
+            let started = std::time::Instant::now();
+            let r = app.post_json(path, Some(token), json!({})).await;
+            let us = started.elapsed().as_secs_f64() * 1e6;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+            check(&r);
+            if round >= 20 {
+                times[i].push(us);
+            }
+        }
+    }
+    let p50 = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[(v.len() - 1) / 2]
+    };
+    (p50(&mut times[0]), p50(&mut times[1]))
+}

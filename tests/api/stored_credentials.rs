@@ -337,27 +337,16 @@ async fn credential_call_cost(pool: PgPool) {
         "stored-token-value",
     )
     .await;
-    let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    for round in 0..420 {
-        for (i, path) in ["/tools/stored/run", "/tools/fixed/run"]
-            .into_iter()
-            .enumerate()
-        {
-            let started = std::time::Instant::now();
-            let r = app.post_json(path, Some(&t), json!({})).await;
-            let us = started.elapsed().as_secs_f64() * 1e6;
-            assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let (s50, f50) = crate::helpers::interleaved_p50(
+        &app,
+        &t,
+        ["/tools/stored/run", "/tools/fixed/run"],
+        420,
+        |r| {
             assert_eq!(r.body["n"], 18, "{}", r.text);
-            if round >= 20 {
-                times[i].push(us);
-            }
-        }
-    }
-    let p50 = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[(v.len() - 1) / 2]
-    };
-    let (s50, f50) = (p50(&mut times[0]), p50(&mut times[1]));
+        },
+    )
+    .await;
     println!(
         "call p50: stored per-agent credential {s50:.0} µs, same script without a slot {f50:.0} µs; ratio {:.3}",
         s50 / f50

@@ -471,27 +471,16 @@ async fn upstream_credential_call_cost(pool: PgPool) {
     set(&app, "bench", "stored", TOKEN_A).await;
     wait_for_tools(&app, &t, "fixed").await;
     wait_for_tools(&app, &t, "stored").await;
-    let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    for round in 0..320 {
-        for (i, path) in ["/tools/stored/whoami", "/tools/fixed/whoami"]
-            .into_iter()
-            .enumerate()
-        {
-            let started = std::time::Instant::now();
-            let r = app.post_json(path, Some(&t), json!({})).await;
-            let us = started.elapsed().as_secs_f64() * 1e6;
-            assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let (s50, f50) = crate::helpers::interleaved_p50(
+        &app,
+        &t,
+        ["/tools/stored/whoami", "/tools/fixed/whoami"],
+        320,
+        |r| {
             assert_eq!(r.body["content"][0]["text"], "agent-a", "{}", r.text);
-            if round >= 20 {
-                times[i].push(us);
-            }
-        }
-    }
-    let p50 = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[(v.len() - 1) / 2]
-    };
-    let (s50, f50) = (p50(&mut times[0]), p50(&mut times[1]));
+        },
+    )
+    .await;
     println!(
         "upstream call p50: stored per-agent credential {s50:.0} µs, same token as a static header {f50:.0} µs; ratio {:.3}",
         s50 / f50
