@@ -658,7 +658,7 @@ impl<'a> Gate<'a> {
         if let Some(id) = approval {
             linked_details.insert("approval".into(), serde_json::json!(id));
         }
-        let credentials = match self.credentials_for(&tool) {
+        let credentials = match self.credentials_for(&tool).await {
             Ok(c) => c,
             Err(message) => {
                 self.metric("credential_missing");
@@ -782,17 +782,25 @@ impl<'a> Gate<'a> {
     }
 
     /// The values of the tool's credential slots for this caller, or why one is missing.
-    fn credentials_for(&self, tool: &Tool) -> Result<Vec<crate::credentials::Opened>, String> {
+    async fn credentials_for(
+        &self,
+        tool: &Tool,
+    ) -> Result<Vec<crate::credentials::Opened>, String> {
         use crate::credentials::{Per, SlotKey};
         let upstream_slots;
         type Slot<'a> = (
             &'a crate::pool::CredentialSlot,
             Option<&'a crate::credentials::oauth::SlotOAuth>,
+            Option<&'a Arc<crate::credentials::exchange::SlotExchange>>,
         );
         let (group, slots): (&str, Vec<Slot<'_>>) = match &tool.exec {
             Execution::Script(spec) => (
                 &spec.group.name,
-                spec.group.credentials.iter().map(|s| (s, None)).collect(),
+                spec.group
+                    .credentials
+                    .iter()
+                    .map(|s| (s, None, None))
+                    .collect(),
             ),
             Execution::Upstream { upstream, .. } => {
                 upstream_slots = self.state.upstreams.slots(upstream);
@@ -803,13 +811,13 @@ impl<'a> Gate<'a> {
                     upstream,
                     upstream_slots
                         .iter()
-                        .map(|s| (&s.slot, s.oauth.as_deref()))
+                        .map(|s| (&s.slot, s.oauth.as_deref(), s.exchange.as_ref()))
                         .collect(),
                 )
             }
         };
         let mut out = Vec::with_capacity(slots.len());
-        for (slot, oauth) in slots {
+        for (slot, oauth, exchange) in slots {
             let owner = match slot.per {
                 Per::Agent => self.principal.agent.clone(),
                 Per::Shared => String::new(),
@@ -829,6 +837,25 @@ impl<'a> Gate<'a> {
                 group: group.to_owned(),
                 name: slot.name.to_string(),
             };
+            if let Some(spec) = exchange {
+                let token = self.exchanged(&key, spec).await.map_err(|why| {
+                    format!(
+                        "`{}` needs a token for upstream `{}` exchanged for {} at the token service of slot `{}`, and {why}",
+                        tool.name,
+                        key.group,
+                        match key.per {
+                            Per::Person => format!(
+                                "person `{}` (through agent `{}`)",
+                                key.owner, self.principal.agent
+                            ),
+                            _ => format!("agent `{}`", key.owner),
+                        },
+                        key.name
+                    )
+                })?;
+                out.push((key, token));
+                continue;
+            }
             let fill = match slot.per {
                 Per::Agent => format!(
                     "an admin sets it with PUT /api/v1/agents/{}/credentials/{}/{}",
@@ -912,6 +939,64 @@ impl<'a> Gate<'a> {
             }
         }
         Ok(out)
+    }
+
+    /// The caller's token for an exchanged slot: the cached one while fresh, else one the
+    /// slot's token service gives for a subject token signed here (put on record).
+    async fn exchanged(
+        &self,
+        slot: &crate::credentials::SlotKey,
+        spec: &Arc<crate::credentials::exchange::SlotExchange>,
+    ) -> Result<zeroize::Zeroizing<Vec<u8>>, String> {
+        use crate::credentials::exchange::{self, ExchangeKey, Source, SubjectClaims};
+        let person = (slot.per == crate::credentials::Per::Person).then_some(slot.owner.as_str());
+        let key = ExchangeKey {
+            group: slot.group.clone(),
+            slot: slot.name.clone(),
+            agent: self.principal.agent.clone(),
+            person: person.map(str::to_owned),
+            spec: spec.clone(),
+        };
+        let (token, source) = self
+            .state
+            .exchanges
+            .token(key, || async {
+                // Read only here, once per caller and token lifetime: the key can rotate.
+                let signing = crate::db::keys::current_signing_key(&self.state.db)
+                    .await
+                    .map_err(|e| format!("the gateway's signing key cannot be read: {e}"))?
+                    .ok_or("the gateway has no signing key")?;
+                let subject = SubjectClaims::new(
+                    &self.state.settings.issuer,
+                    spec.subject_audience(),
+                    &self.principal.agent,
+                    &self.principal.client_id,
+                    person,
+                )
+                .sign(&signing.kid, &signing.private_pkcs8)?;
+                exchange::exchange(spec, &subject).await
+            })
+            .await?;
+        if let Source::Exchanged(expires_in) = source {
+            let mut e = crate::db::change_event(
+                crate::db::credentials::EXCHANGER,
+                crate::audit::AdminAction::CredentialExchanged,
+                &crate::db::credentials::resource(slot),
+                None,
+                Some(serde_json::json!({
+                    "per": slot.per, "owner": slot.owner, "group": slot.group, "name": slot.name,
+                    "agent": self.principal.agent, "person": person,
+                    "token_endpoint": spec.token_endpoint, "expires_in": expires_in,
+                })),
+            );
+            e.agent = Some(self.principal.agent.clone());
+            e.person = self.principal.person.clone();
+            // The token is obtained and will be used: a lost record is logged, not a failed call.
+            if let Err(err) = self.commit(e).await {
+                tracing::error!(error = %err, "recording a token exchange failed");
+            }
+        }
+        Ok(zeroize::Zeroizing::new(token.as_bytes().to_vec()))
     }
 
     /// Notes, in the background and at most once a minute per slot, that these were used.

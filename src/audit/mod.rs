@@ -314,6 +314,9 @@ text_enum! {
         CredentialRefreshed = "credential.refreshed",
         /// A person's upstream grant could not be refreshed: they must connect again.
         CredentialRefreshFailed = "credential.refresh_failed",
+        /// A caller's identity exchanged at a token service for a token to an upstream
+        /// (RFC 8693): once per caller and token lifetime, not per call.
+        CredentialExchanged = "credential.exchanged",
         GrantCreate = "grant.create",
         GrantDelete = "grant.delete",
         GroupDelete = "group.delete",
@@ -500,7 +503,7 @@ mod tests {
     /// them); every one parses back; a word nobody records is an error listing those that are.
     #[test]
     fn kinds_outcomes_and_admin_actions_are_the_stored_words() {
-        assert_eq!(AdminAction::ALL.len(), 42);
+        assert_eq!(AdminAction::ALL.len(), 43);
         assert_eq!(
             AdminAction::PublicClientRegister.as_str(),
             "public_client.register"

@@ -13,6 +13,7 @@
 //! The request path reads the sealed rows from memory (re-read on every change, NOTIFY) and
 //! opens only the slots of the call it serves.
 
+pub mod exchange;
 pub mod oauth;
 
 use std::collections::HashMap;

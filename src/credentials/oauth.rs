@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 const MAX_METADATA_BYTES: usize = 64 * 1024;
 /// Longest access or refresh token kept (the grant is sealed whole, and the access token goes
 /// out on every call of its person).
-const MAX_TOKEN_CHARS: usize = 8 * 1024;
+pub(super) const MAX_TOKEN_CHARS: usize = 8 * 1024;
 /// A grant is never due again sooner than this after it was stored: a server that issues
 /// tokens expiring at once must not keep the refresher (and itself) busy.
 const MIN_REFRESH_SECS: i64 = 5;
@@ -82,7 +82,7 @@ impl SlotOAuth {
 }
 
 /// RFC 6749's scope-token: `%x21 / %x23-5B / %x5D-7E`.
-fn is_scope_token(s: &str) -> bool {
+pub(super) fn is_scope_token(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
         && s.bytes()
@@ -190,7 +190,7 @@ pub struct Endpoints {
 }
 
 /// A URL from outside usable as an endpoint: https, or http on a loopback host.
-fn endpoint(raw: &str) -> Result<url::Url, String> {
+pub(super) fn endpoint(raw: &str) -> Result<url::Url, String> {
     let u = url::Url::parse(raw).map_err(|e| format!("`{raw}` is not a URL: {e}"))?;
     let loopback = match u.host() {
         Some(url::Host::Domain(d)) => d == "localhost",
@@ -449,11 +449,11 @@ pub async fn refresh(oauth: &SlotOAuth, grant: &Grant) -> Result<Grant, RefreshE
 
 /// oauth2's own reqwest client reads an answer whole, however long; a token endpoint is
 /// outside, so this one reads at most [`MAX_METADATA_BYTES`] of it.
-struct Bounded(oauth2::reqwest::Client);
+pub(super) struct Bounded(pub(super) oauth2::reqwest::Client);
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-struct BoundedError(String);
+pub(super) struct BoundedError(String);
 
 impl<'c> oauth2::AsyncHttpClient<'c> for Bounded {
     type Error = BoundedError;
@@ -502,7 +502,7 @@ fn describe<E: std::error::Error>(e: &E) -> String {
 }
 
 /// A server's words, bounded (they reach a page and the audit chain).
-fn bounded(s: &str) -> String {
+pub(super) fn bounded(s: &str) -> String {
     s.chars().filter(|c| !c.is_control()).take(300).collect()
 }
 

@@ -67,7 +67,7 @@ pub async fn load_sealed(conn: &mut PgConnection) -> sqlx::Result<HashMap<SlotKe
     Ok(rows.into_iter().filter_map(SealedRow::split).collect())
 }
 
-fn resource(slot: &SlotKey) -> String {
+pub fn resource(slot: &SlotKey) -> String {
     match slot.per {
         Per::Shared => format!("credential:shared/{}/{}", slot.group, slot.name),
         per => format!(
@@ -174,6 +174,8 @@ pub async fn refreshed(
 
 /// Who refreshes grants, as the audit chain names it.
 pub const REFRESHER: &str = "toolgate (credential refresh)";
+/// Who exchanges callers' identities for upstream tokens, as the audit chain names it.
+pub const EXCHANGER: &str = "toolgate (token exchange)";
 
 /// Postpones a grant whose refresh failed for a reason that may pass (the server was down).
 pub async fn postpone(

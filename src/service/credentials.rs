@@ -62,16 +62,23 @@ pub async fn set(state: &AppState, actor: &str, slot: &SlotKey, value: &str) -> 
                 .into(),
         ));
     }
-    if state
+    if let Some(s) = state
         .upstreams
         .slots(&slot.group)
         .iter()
-        .any(|s| s.oauth.is_some() && s.slot.name.as_str() == slot.name)
+        .find(|s| !s.typed() && s.slot.name.as_str() == slot.name)
     {
-        return Err(ServiceError::Invalid(format!(
-            "`{}` of `{}` is filled by the person connecting to the upstream's authorization server (Connect, on My connections), not by a value",
-            slot.name, slot.group
-        )));
+        return Err(ServiceError::Invalid(if s.exchange.is_some() {
+            format!(
+                "`{}` of `{}` is obtained for each caller from the token service its `exchange` names, not set by a value",
+                slot.name, slot.group
+            )
+        } else {
+            format!(
+                "`{}` of `{}` is filled by the person connecting to the upstream's authorization server (Connect, on My connections), not by a value",
+                slot.name, slot.group
+            )
+        }));
     }
     owner_exists(state, slot.per, &slot.owner).await?;
     let sealed = credentials::seal(&state.settings.credential_keys, slot, value.as_bytes())
@@ -187,7 +194,15 @@ pub fn problems(state: &AppState, agent: &crate::policy::snapshot::AgentView) ->
             }
             crate::pool::Execution::Upstream { upstream, .. } => {
                 upstream_slots = state.upstreams.slots(upstream);
-                (upstream, upstream_slots.iter().map(|s| &s.slot).collect())
+                // An exchanged slot has no stored value to miss.
+                (
+                    upstream,
+                    upstream_slots
+                        .iter()
+                        .filter(|s| s.exchange.is_none())
+                        .map(|s| &s.slot)
+                        .collect(),
+                )
             }
         };
         for slot in slots {

@@ -36,6 +36,8 @@ pub struct Inner {
     pub cimd: crate::auth::cimd::CimdCache,
     /// Stored credentials, sealed, and the keys that open them.
     pub credentials: crate::credentials::CredentialStore,
+    /// Tokens obtained by exchange (RFC 8693), per caller, while they are fresh.
+    pub exchanges: crate::credentials::exchange::Exchanges,
     /// Set at SIGTERM: `/readyz` answers 503 and responses close their connections.
     draining: std::sync::atomic::AtomicBool,
     /// HTTP requests being served now (what a drain waits for).
@@ -100,6 +102,7 @@ impl AppState {
                 settings.cimd_roots.clone(),
             ),
             credentials: crate::credentials::CredentialStore::new(settings.credential_keys.clone()),
+            exchanges: Default::default(),
             settings,
             db,
             policy: PolicyHandle::default(),

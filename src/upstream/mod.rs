@@ -109,6 +109,10 @@ pub struct SlotSpec {
     /// the value injected is the access token of their grant, refreshed ahead of expiry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oauth: Option<crate::credentials::oauth::SlotOAuth>,
+    /// Filled by exchanging the caller's identity at a security token service (RFC 8693) for
+    /// a token meant for the upstream, cached per caller until it is near its expiry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exchange: Option<crate::credentials::exchange::SlotExchange>,
 }
 
 /// Where a slot's value goes on the caller's connection.
@@ -178,6 +182,15 @@ pub struct UpstreamSlot {
     pub slot: crate::pool::CredentialSlot,
     pub inject: Inject,
     pub oauth: Option<Arc<crate::credentials::oauth::SlotOAuth>>,
+    pub exchange: Option<Arc<crate::credentials::exchange::SlotExchange>>,
+}
+
+impl UpstreamSlot {
+    /// Whether its values are typed in (by an admin or the person), rather than obtained by
+    /// connecting or by exchange.
+    pub fn typed(&self) -> bool {
+        self.oauth.is_none() && self.exchange.is_none()
+    }
 }
 
 /// Slots an upstream may declare.
@@ -297,6 +310,18 @@ impl UpstreamSpec {
                     ));
                 }
             }
+            if let Some(x) = &spec.exchange {
+                x.validate()
+                    .map_err(|e| format!("credential `{name}`: {e}"))?;
+                if spec.oauth.is_some()
+                    || spec.per == crate::credentials::Per::Shared
+                    || !matches!(inject, Inject::Header { .. })
+                {
+                    return Err(format!(
+                        "credential `{name}`: `exchange` is for `per: agent` or `per: person` slots injected as a header, without `oauth` (the token is obtained for each caller)"
+                    ));
+                }
+            }
             out.push(UpstreamSlot {
                 slot: crate::pool::CredentialSlot {
                     name: var,
@@ -304,6 +329,7 @@ impl UpstreamSpec {
                 },
                 inject,
                 oauth: spec.oauth.clone().map(Arc::new),
+                exchange: spec.exchange.clone().map(Arc::new),
             });
         }
         Ok(out)

@@ -62,7 +62,8 @@ fn person_slots(state: &WebState, username: &str) -> BTreeSet<(String, String)> 
                 Execution::Upstream { upstream, .. } => {
                     if upstreams_seen.insert(upstream.clone()) {
                         for s in state.upstreams.slots(upstream).iter() {
-                            if s.slot.per == Per::Person {
+                            // An exchanged slot is nothing the person fills.
+                            if s.slot.per == Per::Person && s.exchange.is_none() {
                                 out.insert((upstream.clone(), s.slot.name.to_string()));
                             }
                         }
