@@ -195,7 +195,8 @@ struct ErrorAnswer {
 
 /// Exchanges `subject_token` at the slot's STS.
 pub async fn exchange(spec: &SlotExchange, subject_token: &str) -> Result<Exchanged, String> {
-    let request = build_request(spec, subject_token)?;
+    let secret = spec.secret()?;
+    let request = build_request(spec, secret.as_deref().map(String::as_str), subject_token)?;
     let answer = oauth2::AsyncHttpClient::call(&Bounded(oauth::http_client()?), request)
         .await
         .map_err(|e| format!("the token service is unreachable: {e}"))?;
@@ -245,7 +246,11 @@ pub async fn exchange(spec: &SlotExchange, subject_token: &str) -> Result<Exchan
 }
 
 /// The exchange's form POST (built apart: the form encoder must not live across an await).
-fn build_request(spec: &SlotExchange, subject_token: &str) -> Result<oauth2::HttpRequest, String> {
+fn build_request(
+    spec: &SlotExchange,
+    secret: Option<&str>,
+    subject_token: &str,
+) -> Result<oauth2::HttpRequest, String> {
     let mut form = url::form_urlencoded::Serializer::new(String::new());
     form.append_pair("grant_type", GRANT_TYPE)
         .append_pair("subject_token", subject_token)
@@ -265,12 +270,12 @@ fn build_request(spec: &SlotExchange, subject_token: &str) -> Result<oauth2::Htt
             "application/x-www-form-urlencoded",
         )
         .header(oauth2::http::header::ACCEPT, "application/json");
-    match spec.secret()? {
+    match secret {
         // RFC 6749 §2.3.1: both parts form-encoded, then Basic.
         Some(secret) => {
             let enc =
                 |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
-            let basic = Zeroizing::new(format!("{}:{}", enc(&spec.client_id), enc(&secret)));
+            let basic = Zeroizing::new(format!("{}:{}", enc(&spec.client_id), enc(secret)));
             request = request.header(
                 oauth2::http::header::AUTHORIZATION,
                 format!(
@@ -557,6 +562,29 @@ mod tests {
                 .unwrap();
         }
         assert!(exchanges.len() <= MAX_CACHED, "{}", exchanges.len());
+    }
+
+    #[test]
+    fn the_request_is_rfc_8693s_with_the_client_authenticated_as_rfc_6749_says() {
+        let form = |r: &oauth2::HttpRequest| -> HashMap<String, String> {
+            url::form_urlencoded::parse(r.body()).into_owned().collect()
+        };
+        let public = build_request(&spec(), None, "subj").unwrap();
+        let f = form(&public);
+        assert_eq!(f["grant_type"], GRANT_TYPE);
+        assert_eq!(f["subject_token"], "subj");
+        assert_eq!(f["subject_token_type"], JWT_TOKEN_TYPE);
+        assert_eq!(f["audience"], "https://api.example");
+        assert_eq!(f["scope"], "read");
+        assert_eq!(f["client_id"], "toolgate");
+        assert!(public.headers().get("authorization").is_none());
+        let confidential = build_request(&spec(), Some("s3cr:t&"), "subj").unwrap();
+        assert!(!form(&confidential).contains_key("client_id"));
+        let basic = confidential.headers()["authorization"].to_str().unwrap();
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(basic.strip_prefix("Basic ").unwrap())
+            .unwrap();
+        assert_eq!(decoded, b"toolgate:s3cr%3At%26");
     }
 
     #[test]

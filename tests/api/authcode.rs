@@ -186,6 +186,36 @@ fn hidden_fields(html: &str) -> Vec<(String, String)> {
     out
 }
 
+/// A host token for `b`'s person acting as `agent` (authorization code + PKCE at the gateway,
+/// the host identified by its metadata document at `docs`).
+pub(crate) async fn host_token(
+    app: &TestApp,
+    docs: SocketAddr,
+    b: &mut Browser<'_>,
+    agent: &str,
+) -> String {
+    let client_id = format!("http://{docs}/client.json");
+    let page = consent_page(b, &authorize_url(&client_id, REDIRECT, &[])).await;
+    let r = consent(b, &page, agent).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    let code = query_of(crate::web::location(&r))["code"].clone();
+    let t = app
+        .token_request(
+            &[
+                ("grant_type", "authorization_code"),
+                ("client_id", &client_id),
+                ("code", &code),
+                ("code_verifier", VERIFIER),
+                ("redirect_uri", REDIRECT),
+                ("resource", "http://127.0.0.1:8787/mcp"),
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(t.status, StatusCode::OK, "{}", t.text);
+    t.body["access_token"].as_str().unwrap().to_owned()
+}
+
 /// Opens the authorize URL signed in, and returns the consent page.
 pub(crate) async fn consent_page(b: &mut Browser<'_>, url: &str) -> Reply {
     let r = b.get(url).await;

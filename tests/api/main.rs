@@ -37,6 +37,7 @@ mod siem;
 mod sinks;
 mod stored_credentials;
 mod strangers;
+mod token_exchange;
 mod tokens;
 mod upstream;
 mod upstream_credentials;

@@ -550,30 +550,9 @@ async fn stored_grant(g: &Gate, person: &str) -> Option<toolgate::credentials::o
     crate::authcode::stored_grant(&g.pool, &g.key, person, "hostile").await
 }
 
-/// A host token for `b`'s person acting as `assistant` (authorization code + PKCE at the
-/// gateway, the host identified by its metadata document).
+/// A host token for `b`'s person acting as `assistant`.
 async fn host_token(g: &Gate, b: &mut Browser<'_>) -> String {
-    let client_id = format!("http://{}/client.json", g.docs);
-    let page = consent_page(b, &authorize_url(&client_id, REDIRECT, &[])).await;
-    let r = consent(b, &page, "assistant").await;
-    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
-    let code = query_of(location(&r))["code"].clone();
-    let t = g
-        .app
-        .token_request(
-            &[
-                ("grant_type", "authorization_code"),
-                ("client_id", &client_id),
-                ("code", &code),
-                ("code_verifier", VERIFIER),
-                ("redirect_uri", REDIRECT),
-                ("resource", "http://127.0.0.1:8787/mcp"),
-            ],
-            None,
-        )
-        .await;
-    assert_eq!(t.status, StatusCode::OK, "{}", t.text);
-    t.body["access_token"].as_str().unwrap().to_owned()
+    crate::authcode::host_token(&g.app, g.docs, b, "assistant").await
 }
 
 // ---------------------------------------------------------------------------------------------

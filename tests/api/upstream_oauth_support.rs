@@ -95,6 +95,16 @@ impl AuthServer {
     /// may redirect to `redirect_uri`, issuing access tokens valid for `access_ttl_secs`.
     /// Ready once it prints its issuer (it does when it listens).
     pub async fn start(redirect_uri: &str, public_client: &str, access_ttl_secs: u64) -> Self {
+        Self::start_with(redirect_uri, public_client, access_ttl_secs, &[]).await
+    }
+
+    /// As [`Self::start`], with more of op.mjs's options (`--exchange-trust`, ...).
+    pub async fn start_with(
+        redirect_uri: &str,
+        public_client: &str,
+        access_ttl_secs: u64,
+        extra: &[&str],
+    ) -> Self {
         let entry = op_entry();
         let mut said = Vec::new();
         // A port found free can be taken before Node binds it: then op.mjs exits, and it is
@@ -108,6 +118,7 @@ impl AuthServer {
                 .args(["--redirect-uri", redirect_uri])
                 .args(["--public-client", public_client])
                 .args(["--access-ttl", &access_ttl_secs.to_string()])
+                .args(extra)
                 .stdout(std::process::Stdio::piped())
                 .stderr(stderr.reopen().unwrap())
                 .spawn()

@@ -15,13 +15,22 @@
 //   presenting a used one revokes the whole grant.
 // - `--access-ttl SECONDS` sets the access token lifetime (default one hour), so a test can
 //   watch tokens expire and be refreshed; userinfo refuses one from the second it expires.
+// - `--exchange-trust ISSUER` makes it a security token service too: both clients may use
+//   RFC 8693 token exchange, with a subject token (a JWT) that ISSUER signed, checked
+//   against ISSUER's published keys (/.well-known/jwks.json), for this provider's token
+//   endpoint as audience, at most two minutes old (`--exchange-jwks URL` fetches the keys
+//   from elsewhere than ISSUER, as a test gateway serves them on a port of its own). It issues an access token for the account
+//   `sts|agent=<sub>` or `sts|agent=<sub>|person=<act.sub>`, good at /me like any other.
+//   (oidc-provider has no built-in token exchange; this registers the grant, as its
+//   documentation says extensions do.)
 // Access tokens are opaque and accepted at /me (userinfo). `POST /token/revocation` revokes a
 // token (the public client sends its client_id); revoking a refresh token revokes its grant.
 // An RFC 8707 `resource` parameter is ignored, at /auth and /token alike: resource indicators
 // are off here, so it is not among the parameters oidc-provider reads. (They are on by default,
 // and then an unconfigured resource is refused with invalid_target, and a configured one binds
 // the access token to that audience, which userinfo refuses.)
-import Provider from 'oidc-provider';
+import Provider, { errors } from 'oidc-provider';
+import { createRemoteJWKSet, jwtVerify } from 'jose';
 import { parseArgs } from 'node:util';
 
 const { values } = parseArgs({
@@ -32,9 +41,12 @@ const { values } = parseArgs({
     'client-secret': { type: 'string', default: 'toolgate-test-secret' },
     'public-client': { type: 'string' },
     'access-ttl': { type: 'string' },
+    'exchange-trust': { type: 'string' },
+    'exchange-jwks': { type: 'string' },
   },
 });
 const port = Number(values.port);
+const TOKEN_EXCHANGE = 'urn:ietf:params:oauth:grant-type:token-exchange';
 const issuer = `http://127.0.0.1:${port}`;
 
 // The test accounts: login name -> claims.
@@ -54,14 +66,14 @@ const provider = new Provider(issuer, {
       client_id: values['client-id'],
       client_secret: values['client-secret'],
       redirect_uris: values['redirect-uri'],
-      grant_types: ['authorization_code'],
+      grant_types: ['authorization_code', ...(values['exchange-trust'] ? [TOKEN_EXCHANGE] : [])],
       response_types: ['code'],
       token_endpoint_auth_method: 'client_secret_basic',
     },
     ...(values['public-client'] ? [{
       client_id: values['public-client'],
       redirect_uris: values['redirect-uri'],
-      grant_types: ['authorization_code', 'refresh_token'],
+      grant_types: ['authorization_code', 'refresh_token', ...(values['exchange-trust'] ? [TOKEN_EXCHANGE] : [])],
       response_types: ['code'],
       token_endpoint_auth_method: 'none',
     }] : []),
@@ -91,7 +103,11 @@ const provider = new Provider(issuer, {
     resourceIndicators: { enabled: false },
   },
   cookies: { keys: ['toolgate-test-only-cookie-key'] },
-  async findAccount(_ctx, id) {
+  async findAccount(_ctx, id, token) {
+    // An exchanged token's account is whoever the subject token named.
+    if (token?.gty === TOKEN_EXCHANGE && id.startsWith('sts|')) {
+      return { accountId: id, async claims() { return { sub: id }; } };
+    }
     const account = ACCOUNTS[id];
     if (!account) return undefined;
     return {
@@ -103,6 +119,40 @@ const provider = new Provider(issuer, {
   },
 });
 provider.proxy = false;
+
+if (values['exchange-trust']) {
+  const trusted = values['exchange-trust'];
+  const keys = createRemoteJWKSet(new URL(values['exchange-jwks'] ?? `${trusted}/.well-known/jwks.json`));
+  const parameters = ['audience', 'resource', 'scope', 'requested_token_type', 'subject_token',
+    'subject_token_type', 'actor_token', 'actor_token_type'];
+  provider.registerGrantType(TOKEN_EXCHANGE, async (ctx) => {
+    const { params, client } = ctx.oidc;
+    if (params.subject_token_type !== 'urn:ietf:params:oauth:token-type:jwt') {
+      throw new errors.InvalidRequest('subject_token_type must be urn:ietf:params:oauth:token-type:jwt');
+    }
+    let claims;
+    try {
+      ({ payload: claims } = await jwtVerify(params.subject_token ?? '', keys, {
+        issuer: trusted, audience: `${issuer}/token`, maxTokenAge: '120s', requiredClaims: ['sub', 'exp', 'iat'],
+      }));
+    } catch (e) {
+      throw new errors.InvalidGrant(`subject_token refused: ${e.code ?? e.message}`);
+    }
+    const accountId = `sts|agent=${claims.sub}${claims.act?.sub ? `|person=${claims.act.sub}` : ''}`;
+    const grant = new provider.Grant({ accountId, clientId: client.clientId });
+    grant.addOIDCScope('openid');
+    const grantId = await grant.save();
+    const token = new provider.AccessToken({ accountId, client, grantId, gty: TOKEN_EXCHANGE, scope: 'openid' });
+    const value = await token.save();
+    ctx.body = {
+      access_token: value,
+      issued_token_type: 'urn:ietf:params:oauth:token-type:access_token',
+      token_type: 'Bearer',
+      expires_in: token.expiration,
+      scope: 'openid',
+    };
+  }, parameters, ['audience', 'resource']);
+}
 
 provider.listen(port, '127.0.0.1', () => {
   process.stdout.write(`${JSON.stringify({ issuer })}\n`);
