@@ -417,13 +417,31 @@ fn an_upstream_credential_is_declared_where_it_can_be_injected() {
             json!({"T": {"per": "person", "inject": "header A {}", "oauth": {"client_id": "c", "secret": "x"}}}),
             "unknown field",
         ),
+        // Exchange is per caller, as a header, and not mixed with connecting.
+        (
+            json!({"T": {"per": "shared", "inject": "header A {}", "exchange": {"token_endpoint": "https://sts.example/token", "client_id": "c"}}}),
+            "per: agent",
+        ),
+        (
+            json!({"T": {"per": "person", "inject": "header A {}", "oauth": {"client_id": "c"}, "exchange": {"token_endpoint": "https://sts.example/token", "client_id": "c"}}}),
+            "without `oauth`",
+        ),
+        (
+            json!({"T": {"per": "agent", "inject": "header A {}", "exchange": {"token_endpoint": "http://sts.example/token", "client_id": "c"}}}),
+            "https",
+        ),
+        (
+            json!({"T": {"per": "agent", "inject": "header A {}", "exchange": {"token_endpoint": "https://sts.example/token", "client_id": "c", "client_secret_env": "not a var"}}}),
+            "client_secret_env",
+        ),
     ] {
         let e = spec(http(bad.clone())).unwrap_err();
         assert!(e.contains(says), "{bad}: {e}");
     }
-    // As the README writes them in a policy file, the typed slot and the connected one: each
-    // validates, and a policy export reads back the same.
+    // As the README writes them in a policy file, the typed slot, the connected one and the
+    // exchanged one: each validates, and a policy export reads back the same.
     for written in [
+        "transport: http\nurl: https://mcp.warehouse.example/mcp\nheaders: {X-Api-Key: \"svc-lister-key\"}\ncredentials:\n  WAREHOUSE:\n    per: agent\n    inject: header Authorization \"Bearer {}\"\n    exchange:\n      token_endpoint: https://sts.example/oauth/token\n      client_id: toolgate\n      client_secret_env: STS_CLIENT_SECRET\n      audience: https://mcp.warehouse.example\n      scopes: [warehouse.read]\n",
         "transport: http\nurl: https://mcp.example.com/mcp\ncredentials:\n  GITHUB_TOKEN:\n    per: person\n    inject: header Authorization \"Bearer {}\"\n",
         "transport: http\nurl: https://mcp.tracker.example/mcp\nheaders: {X-Api-Key: \"svc-lister-key\"}\ncredentials:\n  TRACKER:\n    per: person\n    inject: header Authorization \"Bearer {}\"\n    oauth:\n      client_id: toolgate\n      client_secret_env: TRACKER_CLIENT_SECRET\n      scopes: [read]\n",
     ] {
