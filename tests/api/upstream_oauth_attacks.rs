@@ -31,9 +31,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::authcode::{
-    REDIRECT, VERIFIER, authorize_url, consent, consent_page, document_server, query_of,
-};
+use crate::authcode::{document_server, query_of};
 use crate::helpers::{Reply, TestApp, repo_path, until};
 use crate::upstream::{put_upstream, text, wait_for_tools};
 use crate::web::{Browser, csrf_of, location};
