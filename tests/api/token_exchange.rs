@@ -314,3 +314,98 @@ async fn subject_tokens_cannot_be_forged_at_the_service_nor_replayed_at_the_gate
     let r = app.mcp(Some(&good), "tools/list", json!({})).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text);
 }
+
+/// A hostile token service: whatever it answers fails the exchange with a bounded, printable
+/// reason, and never puts its words into a header.
+#[tokio::test]
+async fn a_hostile_token_service_gets_no_token_through() {
+    use axum::routing::post;
+    use toolgate::credentials::exchange::{SlotExchange, exchange};
+    let huge = "x".repeat(1 << 20);
+    let app = axum::Router::new()
+        .route(
+            "/crlf",
+            post(|| async {
+                axum::Json(json!({"access_token": "abc\r\nX-Evil: 1", "token_type": "Bearer"}))
+            }),
+        )
+        .route(
+            "/dpop",
+            post(|| async { axum::Json(json!({"access_token": "abc", "token_type": "DPoP"})) }),
+        )
+        .route(
+            "/refresh",
+            post(|| async {
+                axum::Json(json!({"access_token": "abc", "token_type": "Bearer",
+                    "issued_token_type": "urn:ietf:params:oauth:token-type:refresh_token"}))
+            }),
+        )
+        .route(
+            "/huge",
+            post(move || {
+                let huge = huge.clone();
+                async move { axum::Json(json!({"access_token": huge, "token_type": "Bearer"})) }
+            }),
+        )
+        .route(
+            "/refused",
+            post(|| async {
+                (
+                    StatusCode::BAD_REQUEST,
+                    axum::Json(json!({"error": "invalid_grant",
+                        "error_description": format!("<script>x</script>\u{1b}[31m\n{}", "y".repeat(5000))})),
+                )
+            }),
+        )
+        .route(
+            "/moved",
+            post(|| async {
+                (
+                    StatusCode::FOUND,
+                    [(http::header::LOCATION, "http://127.0.0.1:1/elsewhere")],
+                )
+            }),
+        )
+        .route(
+            "/silent",
+            post(|| async {
+                std::future::pending::<()>().await;
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let spec = |path: &str| SlotExchange {
+        token_endpoint: format!("{base}{path}"),
+        client_id: "c".into(),
+        client_secret_env: None,
+        audience: None,
+        scopes: vec![],
+        subject_audience: None,
+    };
+    for (path, says) in [
+        ("/crlf", "printable"),
+        ("/dpop", "bearer token is needed"),
+        ("/refresh", "not an access token"),
+        ("/huge", "more than"),
+        ("/refused", "invalid_grant"),
+        ("/moved", "302"),
+        ("/silent", "unreachable"),
+    ] {
+        let began = Instant::now();
+        let e = match exchange(&spec(path), "subject").await {
+            Ok(_) => panic!("{path}: a token came through"),
+            Err(e) => e,
+        };
+        assert!(e.contains(says), "{path}: {e}");
+        assert!(
+            e.len() <= 400 && !e.chars().any(char::is_control),
+            "{path}: {e:?}"
+        );
+        assert!(
+            began.elapsed() < Duration::from_secs(15),
+            "{path} took {:?}",
+            began.elapsed()
+        );
+    }
+}
