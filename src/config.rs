@@ -447,6 +447,10 @@ pub struct ServeArgs {
     /// and the search meta-tools above it.
     #[arg(long, env = "TOOLGATE_SEARCH_TOKEN_BUDGET", default_value_t = crate::search::DEFAULT_TOKEN_BUDGET)]
     pub search_token_budget: usize,
+    /// `discovery: auto` agents over `--search-token-budget` get the index (every tool's name
+    /// and one line) while it costs at most this many tokens, and search alone above it.
+    #[arg(long, env = "TOOLGATE_INDEX_TOKEN_BUDGET", default_value_t = crate::search::DEFAULT_INDEX_BUDGET)]
+    pub index_token_budget: usize,
     /// A static embedding table for `search_tools` (made by `bench/embeddings/setup.sh`): its
     /// vectors are fused with the word ranker. Without it, search is the word ranker alone.
     #[arg(long, env = "TOOLGATE_SEARCH_EMBEDDINGS")]

@@ -240,7 +240,7 @@ impl<'a> Gate<'a> {
 
     pub fn discovery(&self) -> Discovery {
         self.snapshot
-            .effective_discovery(self.principal, self.state.settings.search_token_budget)
+            .effective_discovery(self.principal, self.state.settings.budgets())
     }
 
     pub fn pinned(&self) -> &[String] {

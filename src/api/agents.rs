@@ -119,7 +119,7 @@ async fn get_agent(
     let tools: Vec<&str> = agent.visible.iter().map(|t| t.name.as_str()).collect();
     // What its tools/list costs (its visible tools against the whole pool) and so how it is
     // served: `auto` resolved against the search token budget.
-    let tokens = crate::search::agent_tokens(&snapshot, agent, state.settings.search_token_budget);
+    let tokens = crate::search::agent_tokens(&snapshot, agent, state.settings.budgets());
     Ok(Json(
         json!({"agent": summary, "tools": tools, "tokens": tokens}),
     ))

@@ -55,8 +55,12 @@ pub(super) async fn listing(
     };
     let page_size = state.settings.page_size;
     let discovery = gate.discovery();
-    let (entries, more) = if discovery == Discovery::Search {
-        let listed = search::search_entries(gate.pinned(), &visible);
+    let (entries, more) = if matches!(discovery, Discovery::Search | Discovery::Index) {
+        let listed = if discovery == Discovery::Index {
+            search::index_entries(gate.pinned(), &visible)
+        } else {
+            search::search_entries(gate.pinned(), &visible)
+        };
         let (p, more) = page(&listed, Listed::name, after.as_deref(), page_size);
         (p.to_vec(), more)
     } else {
@@ -234,6 +238,7 @@ static META_JSON: LazyLock<Vec<(String, String)>> = LazyLock::new(|| {
 fn entry_json(entry: &Listed) -> &str {
     match entry {
         Listed::Tool(t) => t.mcp_json(),
+        Listed::Index(t) => &t.json,
         Listed::Meta(m) => META_JSON
             .iter()
             .find(|(name, _)| name.as_str() == m.name)

@@ -673,6 +673,8 @@ async fn call_tool(
         let args = request.arguments.unwrap_or_default();
         return if request.name == search::SEARCH_TOOLS {
             search_tools(gate, &args).await
+        } else if request.name == search::LOAD_TOOLS {
+            load_tools(gate, &args).await
         } else {
             match search::parse_call(&args) {
                 Ok(c) => call(gate, &c.name, c.arguments, true, waits, hold).await,
@@ -787,6 +789,44 @@ async fn search_tools(
         json!({
             "shown": hits.iter().map(|h| h.tool.name.as_str()).collect::<Vec<_>>(),
             "limit": request.limit,
+        }),
+    );
+    let text = body.to_string();
+    let mut result = CallToolResult::structured(body);
+    result.content = vec![ContentBlock::text(text)];
+    Ok(result.into())
+}
+
+/// `load_tools`: the full definitions of the named tools the caller may see. A name it may
+/// not see is answered exactly as one that does not exist.
+async fn load_tools(
+    gate: &Gate<'_>,
+    args: &serde_json::Map<String, Value>,
+) -> Result<CallToolResponse, McpError> {
+    match gate.admit(EventKind::ToolsSearch).await {
+        Ok(()) => {}
+        Err(Refused::RateLimited { retry_after, .. }) => return Ok(rate_limited_call(retry_after)),
+        Err(r) => return Err(refused(r)),
+    }
+    let names = match search::parse_load(args) {
+        Ok(n) => n,
+        Err(message) => return Ok(tool_error(message)),
+    };
+    let (mut found, mut not_found) = (Vec::new(), Vec::new());
+    for n in names {
+        match gate.resolve(&n) {
+            Some(t) => found.push(t),
+            // Bounded like any outside text: it is echoed to the caller only.
+            None => not_found.push(crate::audit::bounded(&n)),
+        }
+    }
+    let body = search::load_body(&found, &not_found);
+    gate.disclosed(
+        EventKind::ToolsSearch,
+        Outcome::Success,
+        json!({
+            "shown": found.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            "load": true,
         }),
     );
     let text = body.to_string();

@@ -27,7 +27,11 @@ pub enum Discovery {
     Full,
     /// A search meta-tool and a call meta-tool, plus pinned tools.
     Search,
-    /// Full while the visible tools fit a token budget, search above it.
+    /// The meta-tools (search, load, call), the index of every visible tool (name and one
+    /// line) in the search tool's description, plus pinned tools.
+    Index,
+    /// Full while the visible tools fit a token budget, the index while it fits its own,
+    /// search above both.
     Auto,
 }
 
@@ -36,6 +40,7 @@ impl Discovery {
         match self {
             Discovery::Full => "full",
             Discovery::Search => "search",
+            Discovery::Index => "index",
             Discovery::Auto => "auto",
         }
     }
@@ -44,6 +49,7 @@ impl Discovery {
         match s {
             "full" => Some(Discovery::Full),
             "search" => Some(Discovery::Search),
+            "index" => Some(Discovery::Index),
             "auto" => Some(Discovery::Auto),
             _ => None,
         }
@@ -348,7 +354,8 @@ impl AgentView {
 
 /// Memo key of a `tools/list` token count: the agent and its token's targets (sorted), or
 /// `None` for a token that follows all of the agent's grants.
-type ListKey = (String, Option<Vec<String>>);
+/// Whose list (agent, token scope) and which: the definitions (`false`) or the index mode's.
+type ListKey = (String, Option<Vec<String>>, bool);
 
 /// Bound on the token-count memo; it is cleared, not evicted, when full.
 const MAX_MEMO: usize = 4096;
@@ -621,21 +628,42 @@ impl PolicySnapshot {
         self.held.len()
     }
 
-    /// How `principal`'s `tools/list` is served: `Full` or `Search`, with `Auto` resolved
-    /// against `budget` by the tokens of the tools this principal sees.
-    pub fn effective_discovery(&self, principal: &Principal, budget: usize) -> Discovery {
+    /// How `principal`'s `tools/list` is served, with `Auto` resolved against `budgets` by
+    /// the tokens of what this principal sees.
+    pub fn effective_discovery(
+        &self,
+        principal: &Principal,
+        budgets: crate::search::Budgets,
+    ) -> Discovery {
         let Some(agent) = self.agents.get(&principal.agent) else {
             return Discovery::Full;
         };
         crate::search::resolve_discovery(
             agent.record.discovery,
             || self.list_tokens(principal),
-            budget,
+            || self.index_tokens(principal, &agent.record.pinned),
+            budgets,
         )
     }
 
     /// Tokens of the `tools/list` entries of the tools `principal` sees.
     pub fn list_tokens(&self, principal: &Principal) -> usize {
+        self.memo(self.list_key(principal, false), || {
+            crate::cost::tools_list_tokens(&self.visible(principal))
+        })
+    }
+
+    /// Tokens of `principal`'s index-mode `tools/list`.
+    fn index_tokens(&self, principal: &Principal, pinned: &[String]) -> usize {
+        self.memo(self.list_key(principal, true), || {
+            crate::cost::definitions_tokens(&crate::search::index_listing(
+                pinned,
+                &self.visible(principal),
+            ))
+        })
+    }
+
+    fn list_key(&self, principal: &Principal, index: bool) -> ListKey {
         let key = match &principal.scope {
             TokenScope::AllGranted => None,
             TokenScope::Only(targets) => {
@@ -645,15 +673,23 @@ impl PolicySnapshot {
                 Some(prefixes)
             }
         };
-        self.memo((principal.agent.clone(), key), || {
-            crate::cost::tools_list_tokens(&self.visible(principal))
-        })
+        (principal.agent.clone(), key, index)
     }
 
     /// Tokens of the `tools/list` entries of every tool `agent`'s live grants match.
     pub fn agent_list_tokens(&self, agent: &AgentView) -> usize {
-        self.memo((agent.record.name.clone(), None), || {
+        self.memo((agent.record.name.clone(), None, false), || {
             crate::cost::tools_list_tokens(&agent.visible)
+        })
+    }
+
+    /// Tokens of `agent`'s index-mode `tools/list` (all its grants).
+    pub fn agent_index_tokens(&self, agent: &AgentView) -> usize {
+        self.memo((agent.record.name.clone(), None, true), || {
+            crate::cost::definitions_tokens(&crate::search::index_listing(
+                &agent.record.pinned,
+                &agent.visible,
+            ))
         })
     }
 

@@ -68,6 +68,14 @@ use crate::pool::{
 pub const SEARCH_TOOLS: &str = "search_tools";
 /// The call meta-tool.
 pub const CALL_TOOL: &str = "call_tool";
+/// The load meta-tool (index mode): named tools' full definitions.
+pub const LOAD_TOOLS: &str = "load_tools";
+/// Most tools one `load_tools` returns.
+pub const MAX_LOAD: usize = 20;
+/// Default `--index-token-budget`: `auto` serves the index up to this many tokens.
+pub const DEFAULT_INDEX_BUDGET: usize = 8000;
+/// Longest summary of a tool in the index, in characters.
+const INDEX_SUMMARY_CHARS: usize = 100;
 /// Results returned when the caller does not say.
 pub const DEFAULT_LIMIT: usize = 5;
 /// Most results one search returns.
@@ -77,7 +85,7 @@ pub const DEFAULT_TOKEN_BUDGET: usize = 5000;
 
 /// Whether `name` is one of the meta-tools.
 pub fn is_meta_tool(name: &str) -> bool {
-    name == SEARCH_TOOLS || name == CALL_TOOL
+    name == SEARCH_TOOLS || name == CALL_TOOL || name == LOAD_TOOLS
 }
 
 fn object(v: Value) -> Arc<Map<String, Value>> {
@@ -87,7 +95,7 @@ fn object(v: Value) -> Arc<Map<String, Value>> {
     }
 }
 
-static META_TOOLS: LazyLock<[rmcp::model::Tool; 2]> = LazyLock::new(|| {
+static META_TOOLS: LazyLock<[rmcp::model::Tool; 3]> = LazyLock::new(|| {
     [
         rmcp::model::Tool::new(
             CALL_TOOL,
@@ -105,6 +113,30 @@ static META_TOOLS: LazyLock<[rmcp::model::Tool; 2]> = LazyLock::new(|| {
                 "required": ["name"],
                 "additionalProperties": false
             })),
+        ),
+        rmcp::model::Tool::new(
+            LOAD_TOOLS,
+            "Load the full definitions of tools you name (exact names, as the index in \
+             search_tools lists them), to call them.",
+            object(json!({
+                "type": "object",
+                "properties": {
+                    "names": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "minItems": 1,
+                        "maxItems": MAX_LOAD,
+                        "description": "The tools' exact names."
+                    }
+                },
+                "required": ["names"],
+                "additionalProperties": false
+            })),
+        )
+        .with_annotations(
+            rmcp::model::ToolAnnotations::new()
+                .read_only(true)
+                .open_world(false),
         ),
         rmcp::model::Tool::new(
             SEARCH_TOOLS,
@@ -144,12 +176,20 @@ pub fn meta_tool(name: &str) -> Option<&'static rmcp::model::Tool> {
     META_TOOLS.iter().find(|t| t.name == name)
 }
 
-/// One entry of a `tools/list`: a tool of the pool (or the agent's narrowed copy), or one of
-/// the meta-tools.
+/// One entry of a `tools/list`: a tool of the pool (or the agent's narrowed copy), one of
+/// the meta-tools, or `search_tools` carrying the caller's index.
 #[derive(Debug, Clone)]
 pub enum Listed {
     Meta(&'static rmcp::model::Tool),
     Tool(Arc<Tool>),
+    Index(Arc<IndexTool>),
+}
+
+/// `search_tools` with the caller's index in its description, and its serialized entry.
+#[derive(Debug)]
+pub struct IndexTool {
+    pub tool: rmcp::model::Tool,
+    pub json: String,
 }
 
 impl Listed {
@@ -157,6 +197,7 @@ impl Listed {
         match self {
             Listed::Meta(t) => &t.name,
             Listed::Tool(t) => t.name.as_str(),
+            Listed::Index(t) => &t.tool.name,
         }
     }
 
@@ -165,22 +206,202 @@ impl Listed {
         match self {
             Listed::Meta(t) => (*t).clone(),
             Listed::Tool(t) => t.mcp_definition(),
+            Listed::Index(t) => t.tool.clone(),
         }
     }
 }
 
-/// The search-mode `tools/list`: the meta-tools, plus the pinned tools among `visible`, all in
-/// name order (so that one cursor scheme pages both modes).
+/// The pinned tools among `visible`, as list entries.
+fn pinned_entries<'a>(
+    pinned: &'a [String],
+    visible: &'a [Arc<Tool>],
+) -> impl Iterator<Item = Listed> + 'a {
+    visible
+        .iter()
+        .filter(|t| pinned.iter().any(|p| p == t.name.as_str()))
+        .map(|t| Listed::Tool(t.clone()))
+}
+
+/// The search-mode `tools/list`: `search_tools` and `call_tool`, plus the pinned tools among
+/// `visible`, all in name order (so that one cursor scheme pages every mode).
 pub fn search_entries(pinned: &[String], visible: &[Arc<Tool>]) -> Vec<Listed> {
-    let mut listed: Vec<Listed> = meta_tools().iter().map(Listed::Meta).collect();
-    listed.extend(
-        visible
-            .iter()
-            .filter(|t| pinned.iter().any(|p| p == t.name.as_str()))
-            .map(|t| Listed::Tool(t.clone())),
-    );
+    let mut listed: Vec<Listed> = meta_tools()
+        .iter()
+        .filter(|t| t.name != LOAD_TOOLS)
+        .map(Listed::Meta)
+        .collect();
+    listed.extend(pinned_entries(pinned, visible));
     listed.sort_by(|a, b| a.name().cmp(b.name()));
     listed
+}
+
+/// The index-mode `tools/list`: the three meta-tools, `search_tools` carrying the index of
+/// every visible tool in its description (where every client shows it to the model: a
+/// tool's description is part of what the model is given, while server instructions and
+/// resources are shown, or not, as each host decides), plus the pinned tools.
+pub fn index_entries(pinned: &[String], visible: &[Arc<Tool>]) -> Vec<Listed> {
+    let mut listed: Vec<Listed> = meta_tools()
+        .iter()
+        .filter(|t| t.name != SEARCH_TOOLS)
+        .map(Listed::Meta)
+        .collect();
+    listed.push(Listed::Index(Arc::new(index_tool(visible))));
+    listed.extend(pinned_entries(pinned, visible));
+    listed.sort_by(|a, b| a.name().cmp(b.name()));
+    listed
+}
+
+/// [`index_entries`] as the SDK's types.
+pub fn index_listing(pinned: &[String], visible: &[Arc<Tool>]) -> Vec<rmcp::model::Tool> {
+    index_entries(pinned, visible)
+        .iter()
+        .map(Listed::definition)
+        .collect()
+}
+
+#[allow(
+    clippy::expect_used,
+    reason = "search_tools is one of the meta-tools, and the SDK's own type serializes"
+)]
+fn index_tool(visible: &[Arc<Tool>]) -> IndexTool {
+    let mut tool = meta_tool(SEARCH_TOOLS)
+        .expect("search_tools is a meta-tool")
+        .clone();
+    let base = tool.description.as_deref().unwrap_or_default();
+    tool.description = Some(format!("{base}\n\n{}", index_text(visible)).into());
+    let json = serde_json::to_string(&tool).expect("a tool definition serializes");
+    IndexTool { tool, json }
+}
+
+/// The index: a heading per group, then one line per visible tool, beginning with its name,
+/// then a colon and the first sentence of its description, made safe (see [`summary`]). A
+/// pure function of `visible` (name-ordered): it changes only when visibility or a
+/// description does, so prompt caches hold.
+pub fn index_text(visible: &[Arc<Tool>]) -> String {
+    let mut out = String::from(
+        "Your tools, one per line (name: what it does), by group. Call one by its name once \
+         load_tools has given you its definition, or through call_tool; search_tools finds \
+         them by task.",
+    );
+    let mut group = "";
+    for t in visible {
+        let name = t.name.as_str();
+        let g = name
+            .split_once(crate::pool::SEPARATOR)
+            .map_or(name, |(g, _)| g);
+        if g != group {
+            group = g;
+            out.push_str("\n## ");
+            out.push_str(g);
+        }
+        out.push('\n');
+        out.push_str(name);
+        let s = t.description.as_deref().map(summary).unwrap_or_default();
+        if !s.is_empty() {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+    }
+    out
+}
+
+/// A description's first sentence as one line of plain text, at most
+/// [`INDEX_SUMMARY_CHARS`] characters: descriptions are written by tool authors and upstream
+/// servers, so line breaks, control and invisible formatting characters (bidirectional
+/// overrides, zero-width, tag characters) become spaces, markup brackets and backticks become
+/// harmless look-alikes, and nothing can start a line or a heading of its own.
+pub fn summary(description: &str) -> String {
+    let first = first_sentence(description);
+    let mut out = String::with_capacity(first.len().min(INDEX_SUMMARY_CHARS * 4));
+    let mut chars = 0;
+    let mut space = false;
+    for c in first.chars() {
+        let c = match c {
+            '<' => '‹',
+            '>' => '›',
+            '`' => '\'',
+            '[' => '(',
+            ']' => ')',
+            c if c.is_control() || c.is_whitespace() || invisible(c) => ' ',
+            c => c,
+        };
+        if c == ' ' {
+            space = !out.is_empty();
+            continue;
+        }
+        if chars + usize::from(space) + 1 > INDEX_SUMMARY_CHARS {
+            out.push('…');
+            return out;
+        }
+        if space {
+            out.push(' ');
+            chars += 1;
+            space = false;
+        }
+        out.push(c);
+        chars += 1;
+    }
+    out
+}
+
+/// Up to and including the first full stop followed by a space, or the first line break.
+fn first_sentence(d: &str) -> &str {
+    let d = d.trim_start();
+    let mut end = d.len();
+    for (i, c) in d.char_indices() {
+        if c == '\n' || c == '\r' {
+            end = i;
+            break;
+        }
+        if matches!(c, '.' | '!' | '?' | '。')
+            && d[i + c.len_utf8()..]
+                .chars()
+                .next()
+                .is_none_or(char::is_whitespace)
+        {
+            end = i + c.len_utf8();
+            break;
+        }
+    }
+    &d[..end]
+}
+
+/// Characters that render as nothing or reorder text: Unicode's format characters a model
+/// reads and a person does not see.
+fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}' | '\u{E0000}'..='\u{E007F}')
+}
+
+/// A parsed `load_tools` call: the names, deduplicated, in the order given.
+pub fn parse_load(args: &Map<String, Value>) -> Result<Vec<String>, String> {
+    if let Some(k) = args.keys().find(|k| *k != "names") {
+        return Err(format!("unknown argument `{k}`: load_tools takes names"));
+    }
+    let Some(Value::Array(names)) = args.get("names") else {
+        return Err("load_tools needs `names`: an array of exact tool names".into());
+    };
+    if names.is_empty() || names.len() > MAX_LOAD {
+        return Err(format!("`names` holds 1 to {MAX_LOAD} tool names"));
+    }
+    let mut out: Vec<String> = Vec::with_capacity(names.len());
+    for n in names {
+        let Value::String(n) = n else {
+            return Err("`names` holds strings: exact tool names".into());
+        };
+        if !out.contains(n) {
+            out.push(n.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// The `load_tools` result: the full definitions (as `tools/list` gives them) of the named
+/// tools the caller may see, and the names it may not, unknown or not granted alike.
+pub fn load_body(found: &[Arc<Tool>], not_found: &[String]) -> Value {
+    let tools: Vec<rmcp::model::Tool> = found.iter().map(|t| t.mcp_definition()).collect();
+    json!({"tools": tools, "not_found": not_found})
 }
 
 /// [`search_entries`] as the SDK's types.
@@ -191,14 +412,27 @@ pub fn search_listing(pinned: &[String], visible: &[Arc<Tool>]) -> Vec<rmcp::mod
         .collect()
 }
 
-/// `auto` resolved: `Full` while the visible tools' definitions cost at most `budget` tokens.
+/// The token budgets `auto` chooses by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Budgets {
+    /// The definitions are listed in full up to this many tokens.
+    pub full: usize,
+    /// Above it, the index is served up to this many tokens (of the index-mode list).
+    pub index: usize,
+}
+
+/// `auto` resolved: `Full` while the visible tools' definitions cost at most `budgets.full`
+/// tokens, `Index` while the index-mode list costs at most `budgets.index`, `Search` above.
+/// The counts are asked for only when needed.
 pub fn resolve_discovery(
     configured: Discovery,
     visible_tokens: impl FnOnce() -> usize,
-    budget: usize,
+    index_tokens: impl FnOnce() -> usize,
+    budgets: Budgets,
 ) -> Discovery {
     match configured {
-        Discovery::Auto if visible_tokens() <= budget => Discovery::Full,
+        Discovery::Auto if visible_tokens() <= budgets.full => Discovery::Full,
+        Discovery::Auto if index_tokens() <= budgets.index => Discovery::Index,
         Discovery::Auto => Discovery::Search,
         other => other,
     }
@@ -332,22 +566,50 @@ pub struct AgentTokens {
     pub list: ListCost,
     /// The search-mode `tools/list` (meta-tools and pinned tools).
     pub search_tokens: usize,
+    /// The index-mode `tools/list` (meta-tools with the index, and pinned tools).
+    pub index_tokens: usize,
     /// What its `tools/list` costs as it is served now.
     pub listed_tokens: usize,
     /// `discovery` as configured.
     pub discovery: Discovery,
-    /// `full` or `search`: `auto` resolved against the budget.
+    /// `full`, `index` or `search`: `auto` resolved against the budgets.
     pub effective_discovery: Discovery,
+    /// Why it is served so, in words.
+    pub reason: String,
     pub token_budget: usize,
+    pub index_token_budget: usize,
 }
 
 /// Token accounting of `agent` (with a token that carries all its grants), for the admin
 /// surfaces. Counts come from the snapshot's memo of [`cost`] results.
-pub fn agent_tokens(snapshot: &PolicySnapshot, agent: &AgentView, budget: usize) -> AgentTokens {
+pub fn agent_tokens(snapshot: &PolicySnapshot, agent: &AgentView, budgets: Budgets) -> AgentTokens {
     let visible_tokens = snapshot.agent_list_tokens(agent);
     let search_tokens =
         cost::definitions_tokens(&search_listing(&agent.record.pinned, &agent.visible));
-    let effective = resolve_discovery(agent.record.discovery, || visible_tokens, budget);
+    let index_tokens = snapshot.agent_index_tokens(agent);
+    let effective = resolve_discovery(
+        agent.record.discovery,
+        || visible_tokens,
+        || index_tokens,
+        budgets,
+    );
+    let reason = match agent.record.discovery {
+        Discovery::Auto => match effective {
+            Discovery::Full => format!(
+                "auto: its definitions ({visible_tokens} tokens) fit the budget ({})",
+                budgets.full
+            ),
+            Discovery::Index => format!(
+                "auto: its definitions ({visible_tokens} tokens) exceed the budget ({}); its index ({index_tokens} tokens) fits the index budget ({})",
+                budgets.full, budgets.index
+            ),
+            _ => format!(
+                "auto: its definitions ({visible_tokens} tokens) exceed the budget ({}), and its index ({index_tokens} tokens) the index budget ({})",
+                budgets.full, budgets.index
+            ),
+        },
+        d => format!("configured `{}`", d.as_str()),
+    };
     AgentTokens {
         list: ListCost {
             visible_tools: agent.visible.len(),
@@ -356,14 +618,17 @@ pub fn agent_tokens(snapshot: &PolicySnapshot, agent: &AgentView, budget: usize)
             pool_tokens: snapshot.pool_list_tokens(),
         },
         search_tokens,
-        listed_tokens: if effective == Discovery::Search {
-            search_tokens
-        } else {
-            visible_tokens
+        index_tokens,
+        listed_tokens: match effective {
+            Discovery::Search => search_tokens,
+            Discovery::Index => index_tokens,
+            _ => visible_tokens,
         },
         discovery: agent.record.discovery,
         effective_discovery: effective,
-        token_budget: budget,
+        reason,
+        token_budget: budgets.full,
+        index_token_budget: budgets.index,
     }
 }
 

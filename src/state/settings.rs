@@ -31,6 +31,7 @@ pub struct Settings {
     pub mcp_fast_list: bool,
     /// Tokens of tool definitions up to which `discovery: auto` lists in full.
     pub search_token_budget: usize,
+    pub index_token_budget: usize,
     /// A listener of its own for `/metrics`; `None`: served on the main address.
     pub metrics_bind: Option<std::net::SocketAddr>,
     pub allowed_hosts: Vec<String>,
@@ -126,6 +127,7 @@ impl Settings {
             page_size: args.page_size.clamp(1, 1000),
             mcp_fast_list: args.mcp_fast_list == crate::config::OnOff::On,
             search_token_budget: args.search_token_budget,
+            index_token_budget: args.index_token_budget,
             metrics_bind: args.metrics_bind,
             allowed_hosts,
             allowed_origins,
@@ -210,6 +212,14 @@ impl Settings {
     /// Rows of the `tools` table this instance owns: tools from its tools folder.
     pub fn instance_origin(&self) -> String {
         format!("folder:{}", self.tools_dir.display())
+    }
+
+    /// The budgets `discovery: auto` chooses by.
+    pub fn budgets(&self) -> crate::search::Budgets {
+        crate::search::Budgets {
+            full: self.search_token_budget,
+            index: self.index_token_budget,
+        }
     }
 }
 

@@ -248,7 +248,7 @@ pub async fn show(
             }
         })
         .collect();
-    let cost = agent_tokens(&snapshot, agent, state.settings.search_token_budget);
+    let cost = agent_tokens(&snapshot, agent, state.settings.budgets());
     let clients = crate::db::clients::clients(&state.db, Some(&name))
         .await?
         .into_iter()
