@@ -452,6 +452,7 @@ async def main() -> int:
 
         await run_sdk_oauth(gw, assistant, args.strict_sdk_oauth)
         await run_search_mode(gw)
+        await run_index_mode(gw)
         try:
             await run_listen(gw)
         except Exception as e:  # noqa: BLE001
@@ -613,6 +614,66 @@ async def run_search_mode(gw: Gateway) -> None:
                     expect("Unknown tool" in result_text(res), f"{result_text(res)!r}")
     except Exception as e:  # noqa: BLE001 - setup failed; its checks did not run
         R.fail("[search] setup", describe(e))
+    finally:
+        session_logger.setLevel(logging.NOTSET)
+        await gw.http.delete(f"{gw.base}/api/v1/agents/{agent}", headers=gw.admin)
+
+
+async def run_index_mode(gw: Gateway) -> None:
+    """An agent in `discovery: index`, granted `weather` and `search`: in every connect
+    mode, tools/list is exactly the three meta-tools; the index is in search_tools' description
+    as the SDK gives it to the model (one line per visible tool, beginning with its name, no
+    ungranted tool); load_tools returns two named tools' full definitions and answers an
+    ungranted name exactly as a missing one; one loaded tool is called directly, the other
+    through call_tool."""
+    agent = f"indexer-{os.getpid()}"
+    async with check(f"[index] admin API creates agent {agent} (discovery: index) granted weather and search"):
+        r = await gw.http.post(
+            f"{gw.base}/api/v1/agents", headers=gw.admin, json={"name": agent, "discovery": "index"}
+        )
+        expect(r.status_code == 201, f"POST /api/v1/agents -> {r.status_code} {r.text}")
+        await gw.add_grant(agent, "weather")
+        await gw.add_grant(agent, "search")
+    visible = ["search__get", "search__query", "weather__current", "weather__forecast"]
+    session_logger = logging.getLogger("client")
+    session_logger.setLevel(logging.ERROR)
+    try:
+        token = await gw.token(await gw.create_client(agent))
+        for mode in MODES:
+            tag = f"[index/{mode}]"
+            async with connect(gw.mcp_url, mode, token) as client:
+                async with check(f"{tag} lists exactly [call_tool, load_tools, search_tools]"):
+                    await expect_tools(client, ["call_tool", "load_tools", "search_tools"])
+                async with check(f"{tag} search_tools' description indexes each visible tool on a line of its own"):
+                    tools = (await client.list_tools()).tools
+                    search = next(t for t in tools if t.name == "search_tools")
+                    lines = (search.description or "").splitlines()
+                    indexed = [line.split(":")[0] for line in lines if "__" in line.split(":")[0]]
+                    expect(indexed == visible, f"indexed {indexed}")
+                    expect(not any(line.startswith("text__") for line in lines), "an ungranted tool is indexed")
+                async with check(f"{tag} load_tools {{names: [weather__current, search__query, text__wordcount, nope__x]}}"):
+                    res = await client.call_tool(
+                        "load_tools",
+                        {"names": ["weather__current", "search__query", "text__wordcount", "nope__x"]},
+                    )
+                    expect(res.is_error is False, f"is_error={res.is_error}, content={res.content!r}")
+                    sc = res.structured_content or {}
+                    names = [t.get("name") for t in sc.get("tools", [])]
+                    expect(names == ["weather__current", "search__query"], f"loaded {names}")
+                    expect(all("inputSchema" in t for t in sc["tools"]), "a definition has no inputSchema")
+                    expect(sc.get("not_found") == ["text__wordcount", "nope__x"], f"not_found {sc.get('not_found')}")
+                    expect(json.loads(result_text(res)) == sc, "the text content is not the structuredContent JSON")
+                async with check(f"{tag} calls the loaded weather__current directly by name"):
+                    res = await client.call_tool("weather__current", {"city": "Paris"})
+                    expect(res.is_error is False, f"is_error={res.is_error}, content={res.content!r}")
+                    expect((res.structured_content or {}).get("city") == "Paris", f"{res.structured_content!r}")
+                async with check(f"{tag} call_tool {{name: search__query, arguments: {{q: deploy rollback}}}}"):
+                    res = await client.call_tool(
+                        "call_tool", {"name": "search__query", "arguments": {"q": "deploy rollback"}}
+                    )
+                    expect(res.is_error is False, f"is_error={res.is_error}, content={res.content!r}")
+    except Exception as e:  # noqa: BLE001 - setup failed; its checks did not run
+        R.fail("[index] setup", describe(e))
     finally:
         session_logger.setLevel(logging.NOTSET)
         await gw.http.delete(f"{gw.base}/api/v1/agents/{agent}", headers=gw.admin)
