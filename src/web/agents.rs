@@ -153,11 +153,15 @@ pub struct CostView {
     /// The agent's share of the pool's tokens, in percent.
     pub share: String,
     pub saved: String,
-    /// `full` or `search`: how its `tools/list` is served now.
+    /// `full`, `index` or `search`: how its `tools/list` is served now, and why.
     pub effective_discovery: &'static str,
-    /// What that `tools/list` costs as served.
+    pub reason: String,
+    /// What that `tools/list` costs as served, and in the two other shapes.
     pub listed_tokens: String,
+    pub index_tokens: String,
+    pub search_tokens: String,
     pub budget: String,
+    pub index_budget: String,
 }
 
 impl From<AgentTokens> for CostView {
@@ -179,8 +183,12 @@ impl From<AgentTokens> for CostView {
             share,
             saved: thousands(c.pool_tokens.saturating_sub(c.visible_tokens)),
             effective_discovery: t.effective_discovery.as_str(),
+            reason: t.reason,
             listed_tokens: thousands(t.listed_tokens),
+            index_tokens: thousands(t.index_tokens),
+            search_tokens: thousands(t.search_tokens),
             budget: thousands(t.token_budget),
+            index_budget: thousands(t.index_token_budget),
         }
     }
 }

@@ -247,7 +247,7 @@ async fn visible_tokens(app: &TestApp, agent: &str) -> u64 {
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
-async fn auto_lists_in_full_up_to_the_budget_and_searches_above_it(pool: PgPool) {
+async fn auto_lists_in_full_up_to_the_budget_then_the_index_then_searches(pool: PgPool) {
     let tools = repo_path("tools");
     let app = TestApp::with(pool.clone(), &tools, None, &[]).await;
     agent_with(&app, "auto", "auto", &["weather"]).await;
@@ -273,12 +273,17 @@ async fn auto_lists_in_full_up_to_the_budget_and_searches_above_it(pool: PgPool)
     assert_eq!(r.body["tokens"]["discovery"], "auto");
     assert_eq!(r.body["tokens"]["token_budget"], budget);
 
-    // One token under it: search.
+    // One token under it, with no room for the index: search.
     let under = TestApp::with(
         pool.clone(),
         &tools,
         None,
-        &["--search-token-budget", &(budget - 1).to_string()],
+        &[
+            "--search-token-budget",
+            &(budget - 1).to_string(),
+            "--index-token-budget",
+            "0",
+        ],
     )
     .await;
     let token = under.token_for("auto").await;
@@ -292,13 +297,45 @@ async fn auto_lists_in_full_up_to_the_budget_and_searches_above_it(pool: PgPool)
         r.body["tokens"]["listed_tokens"],
         r.body["tokens"]["search_tokens"]
     );
+    let reason = r.body["tokens"]["reason"].as_str().unwrap();
+    assert!(reason.contains("index budget (0)"), "{reason}");
+    let index_tokens = r.body["tokens"]["index_tokens"].as_u64().unwrap();
+
+    // With the index's budget exactly its size: the index.
+    let indexed = TestApp::with(
+        pool.clone(),
+        &tools,
+        None,
+        &[
+            "--search-token-budget",
+            &(budget - 1).to_string(),
+            "--index-token-budget",
+            &index_tokens.to_string(),
+        ],
+    )
+    .await;
+    let itoken = indexed.token_for("auto").await;
+    assert_eq!(
+        indexed.tool_names(&itoken).await,
+        ["call_tool", "load_tools", "search_tools"]
+    );
+    let r = indexed.admin("GET", "/api/v1/agents/auto", None).await;
+    assert_eq!(
+        r.body["tokens"]["effective_discovery"], "index",
+        "{}",
+        r.text
+    );
+    assert_eq!(r.body["tokens"]["listed_tokens"], index_tokens);
+    let reason = r.body["tokens"]["reason"].as_str().unwrap();
+    assert!(reason.contains("fits the index budget"), "{reason}");
     // Real tools stay callable by name.
     let r = under
         .call(&token, "weather__current", json!({"city": "Paris"}))
         .await;
     assert_eq!(r.body["result"]["isError"], false, "{}", r.text);
 
-    // At the budget, a new grant pushes the agent over it: the next list is the search set.
+    // At the budget, a new grant pushes the agent over it: the next list is the index (which
+    // fits the default index budget).
     let r = at
         .admin(
             "POST",
@@ -308,7 +345,10 @@ async fn auto_lists_in_full_up_to_the_budget_and_searches_above_it(pool: PgPool)
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     let token = at.token_for("auto").await;
-    assert_eq!(at.tool_names(&token).await, ["call_tool", "search_tools"]);
+    assert_eq!(
+        at.tool_names(&token).await,
+        ["call_tool", "load_tools", "search_tools"]
+    );
 }
 
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
@@ -326,7 +366,10 @@ async fn the_api_reports_tokens_against_the_pool_and_the_effective_mode(pool: Pg
     assert_eq!(t["effective_discovery"], "full");
     assert_eq!(t["listed_tokens"], visible);
     assert_eq!(t["token_budget"], 5000);
+    assert_eq!(t["index_token_budget"], 8000);
     assert!(t["search_tokens"].as_u64().unwrap() > 0);
+    assert!(t["index_tokens"].as_u64().unwrap() > t["search_tokens"].as_u64().unwrap());
+    assert_eq!(t["reason"], "configured `full`");
 }
 
 /// `--search-embeddings` is read at start, as hostile input: a missing file, a file of another
