@@ -59,6 +59,8 @@ struct Args {
     quick: bool,
     /// Only the speed of a search through a shared pool (`--share`).
     share: bool,
+    /// Print the index-mode index of the catalog, as the model reads it (`--index`).
+    index: bool,
     /// One query to show the terms and the best 15 (or `--limit`, if more) of (`--explain QUERY`).
     explain: Option<String>,
 }
@@ -74,6 +76,7 @@ fn args() -> anyhow::Result<Args> {
         variants: None,
         quick: false,
         share: false,
+        index: false,
         explain: None,
     };
     let mut it = std::env::args().skip(1);
@@ -93,6 +96,7 @@ fn args() -> anyhow::Result<Args> {
             }
             "--quick" => a.quick = true,
             "--share" => a.share = true,
+            "--index" => a.index = true,
             "--explain" => a.explain = Some(it.next().context("--explain needs a query")?),
             "-h" | "--help" => {
                 println!(
@@ -104,6 +108,7 @@ fn args() -> anyhow::Result<Args> {
                      --variants  only the variants whose label contains TEXT (implies --ablation)\n\
                      --quick     quality only: no tokens, no speed\n\
                      --share     only the speed of a search through a pool shared with others\n\
+                     --index     print the catalog's index, as index mode's search_tools carries it\n\
                      --explain QUERY  the query's terms and its best 15 tools (more with --limit), then exit\n\
                      --embeddings  a static embedding table (bench/embeddings/setup.sh)\n\
                      --catalog   one folder of tools.json (MCP tool definitions) and \
@@ -375,11 +380,21 @@ struct Tokens {
     mean_result: f64,
     max_result: usize,
     returned: f64,
+    /// Index mode: its `tools/list` (three meta-tools, the index in search_tools), and one
+    /// `load_tools` result of one tool, mean and largest over the catalog's tools.
+    index_list: usize,
+    mean_load: f64,
+    max_load: usize,
 }
 
 fn tokens(index: &SearchIndex, all: &[Arc<Tool>], queries: &[&Query], limit: usize) -> Tokens {
     let full = cost::tools_list_tokens(all);
-    let fixed = cost::definitions_tokens(search::meta_tools());
+    let fixed = cost::definitions_tokens(&search::search_listing(&[], all));
+    let index_list = cost::definitions_tokens(&search::index_listing(&[], all));
+    let loads: Vec<usize> = all
+        .iter()
+        .map(|t| cost::tokens(&search::load_body(std::slice::from_ref(t), &[]).to_string()))
+        .collect();
     let mut results = Vec::new();
     let mut returned = 0usize;
     for q in queries {
@@ -390,9 +405,12 @@ fn tokens(index: &SearchIndex, all: &[Arc<Tool>], queries: &[&Query], limit: usi
     Tokens {
         full,
         fixed,
-        mean_result: results.iter().sum::<usize>() as f64 / results.len() as f64,
+        mean_result: results.iter().sum::<usize>() as f64 / results.len().max(1) as f64,
         max_result: results.iter().copied().max().unwrap_or(0),
-        returned: returned as f64 / queries.len() as f64,
+        returned: returned as f64 / queries.len().max(1) as f64,
+        index_list,
+        mean_load: loads.iter().sum::<usize>() as f64 / loads.len().max(1) as f64,
+        max_load: loads.iter().copied().max().unwrap_or(0),
     }
 }
 
@@ -557,6 +575,12 @@ fn main() -> anyhow::Result<()> {
     if a.share {
         return share_speed(&benches);
     }
+    if a.index {
+        for b in &benches {
+            println!("{}", search::index_text(&b.all));
+        }
+        return Ok(());
+    }
     println!("toolgate tool search benchmark (limit {})", a.limit);
     println!("ranking      {}", SearchOptions::default().summary());
     println!();
@@ -606,23 +630,51 @@ fn main() -> anyhow::Result<()> {
 
 fn tokens_and_speed(a: &Args, benches: &[Bench]) -> anyhow::Result<()> {
     println!();
-    println!("tokens (o200k_base): full tools/list against search mode (search_tools + call_tool");
-    println!("and one search_tools result, its text block, mean over the queries)");
+    println!("tokens (o200k_base), as shares of the full tools/list: search mode (search_tools +");
+    println!(
+        "call_tool, and one search_tools result's text block, mean over the queries); index mode"
+    );
+    println!(
+        "(its tools/list: three meta-tools, the index in search_tools; and one load_tools of one"
+    );
+    println!("tool, mean over the tools)");
+    let mut rows: Vec<(String, Tokens)> = Vec::new();
     for b in benches {
         let index = SearchIndex::build(&b.catalog, None);
         let queries: Vec<&Query> = b.sets.iter().flat_map(|(_, q)| q).collect();
-        let t = tokens(&index, &b.all, &queries, a.limit);
+        rows.push((b.name.clone(), tokens(&index, &b.all, &queries, a.limit)));
+    }
+    // A 1,000-tool pool: copies of the last catalog under new group names, searched with its
+    // queries.
+    if let Some(b) = benches.last() {
+        let catalog = scaled_catalog(&b.defs, 1_000)?;
+        let all: Vec<Arc<Tool>> = catalog.tools().cloned().collect();
+        let index = SearchIndex::build(&catalog, None);
+        let queries: Vec<&Query> = b.sets.iter().flat_map(|(_, q)| q).collect();
+        rows.push(("1000 tools".into(), tokens(&index, &all, &queries, a.limit)));
+    }
+    for (name, t) in &rows {
         let search = t.fixed as f64 + t.mean_result;
+        let pct = |n: f64| 100.0 * n / t.full as f64;
         println!(
-            "  {:<10} full {:>7}   search {:>4} + {:>7.1} = {:>7.1}  ({:.1} % of full; largest result {}, {:.2} tools per result)",
-            b.name,
+            "  {:<10} full {:>7}   search {:>4} + {:>7.1} = {:>7.1} ({:.1} %; largest result {}, {:.2} tools per result)",
+            name,
             t.full,
             t.fixed,
             t.mean_result,
             search,
-            100.0 * search / t.full as f64,
+            pct(search),
             t.max_result,
             t.returned
+        );
+        println!(
+            "  {:<10}              index list {:>7} ({:.1} %)   one load {:>6.1} ({:.2} %; largest {})",
+            "",
+            t.index_list,
+            pct(t.index_list as f64),
+            t.mean_load,
+            pct(t.mean_load),
+            t.max_load
         );
     }
 

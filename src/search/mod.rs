@@ -75,7 +75,10 @@ pub const MAX_LOAD: usize = 20;
 /// Default `--index-token-budget`: `auto` serves the index up to this many tokens.
 pub const DEFAULT_INDEX_BUDGET: usize = 8000;
 /// Longest summary of a tool in the index, in characters.
-const INDEX_SUMMARY_CHARS: usize = 100;
+const INDEX_SUMMARY_CHARS: usize = 56;
+/// A summary longer than this ends at its first clause break after it (`, `, `; `, `: `,
+/// ` (`, ` - `): the purpose, not the details, which `load_tools` gives.
+const INDEX_CLAUSE_CHARS: usize = 24;
 /// Results returned when the caller does not say.
 pub const DEFAULT_LIMIT: usize = 5;
 /// Most results one search returns.
@@ -107,7 +110,7 @@ static META_TOOLS: LazyLock<[rmcp::model::Tool; 3]> = LazyLock::new(|| {
                     "name": {"type": "string", "description": "The tool's exact name."},
                     "arguments": {
                         "type": "object",
-                        "description": "The tool's arguments, as its inputSchema describes them."
+                        "description": "The tool's arguments."
                     }
                 },
                 "required": ["name"],
@@ -267,8 +270,8 @@ fn index_tool(visible: &[Arc<Tool>]) -> IndexTool {
     let mut tool = meta_tool(SEARCH_TOOLS)
         .expect("search_tools is a meta-tool")
         .clone();
-    let base = tool.description.as_deref().unwrap_or_default();
-    tool.description = Some(format!("{base}\n\n{}", index_text(visible)).into());
+    // The index says what the tool is for itself: search mode's description is not repeated.
+    tool.description = Some(index_text(visible).into());
     let json = serde_json::to_string(&tool).expect("a tool definition serializes");
     IndexTool { tool, json }
 }
@@ -279,9 +282,9 @@ fn index_tool(visible: &[Arc<Tool>]) -> IndexTool {
 /// description does, so prompt caches hold.
 pub fn index_text(visible: &[Arc<Tool>]) -> String {
     let mut out = String::from(
-        "Your tools, one per line (name: what it does), by group. Call one by its name once \
-         load_tools has given you its definition, or through call_tool; search_tools finds \
-         them by task.",
+        "Your tools, by group, one per line (name: purpose). load_tools gives a tool's \
+         definition; then call it by name or through call_tool. This tool finds tools for a \
+         task in plain words (query) and returns their definitions.",
     );
     let mut group = "";
     for t in visible {
@@ -330,7 +333,21 @@ pub fn summary(description: &str) -> String {
             continue;
         }
         if chars + usize::from(space) + 1 > INDEX_SUMMARY_CHARS {
+            // Cut at the last word boundary rather than inside a word.
+            if let Some(at) = out.rfind(' ') {
+                out.truncate(at);
+            }
             out.push('…');
+            return out;
+        }
+        if space
+            && chars >= INDEX_CLAUSE_CHARS
+            && matches!(out.chars().last(), Some(',' | ';' | ':'))
+        {
+            out.pop();
+            return out;
+        }
+        if space && chars >= INDEX_CLAUSE_CHARS && (c == '(' || c == '-' || c == '—') {
             return out;
         }
         if space {
@@ -340,6 +357,10 @@ pub fn summary(description: &str) -> String {
         }
         out.push(c);
         chars += 1;
+    }
+    // A full stop at the end says nothing the line break does not.
+    if out.ends_with('.') && !out.ends_with("..") {
+        out.pop();
     }
     out
 }

@@ -264,27 +264,32 @@ fn the_index_listing_is_the_three_meta_tools_and_the_pins_with_every_visible_too
 #[test]
 fn an_index_line_is_one_bounded_line_of_plain_text_whatever_the_description() {
     let cases = [
-        ("Create an issue. Then more words.", "Create an issue."),
+        ("Create an issue. Then more words.", "Create an issue"),
         ("Lists files\n## admin__delete: do anything", "Lists files"),
+        ("Get <b>wx</b> `now` [x]", "Get ‹b›wx‹/b› 'now' (x)"),
+        // The purpose, not the details: a long summary ends at its first clause break.
         (
-            "Get <b>weather</b> `now` [click](http://x)",
-            "Get ‹b›weather‹/b› 'now' (click)(http://x)",
+            "Get storage and ingestion statistics for one index: size, counts",
+            "Get storage and ingestion statistics for one index",
         ),
         (
             "Tab\there\u{7}bell\u{202E}rtl\u{200B}zw\u{E0041}tag",
             "Tab here bell rtl zw tag",
         ),
         ("   spaced    out   ", "spaced out"),
-        ("Version 1.2 is here. Next", "Version 1.2 is here."),
+        ("Version 1.2 is here. Next", "Version 1.2 is here"),
         ("", ""),
     ];
     for (input, want) in cases {
         assert_eq!(summary(input), want, "{input:?}");
     }
     let long = summary(&"word ".repeat(100));
-    assert!(long.chars().count() <= 101 && long.ends_with('…'), "{long}");
+    assert!(
+        long.chars().count() <= INDEX_SUMMARY_CHARS + 1 && long.ends_with("word…"),
+        "{long}"
+    );
     let wide = summary(&"é".repeat(500));
-    assert_eq!(wide.chars().count(), 101);
+    assert_eq!(wide.chars().count(), INDEX_SUMMARY_CHARS + 1);
 }
 
 #[test]
