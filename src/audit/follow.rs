@@ -24,6 +24,8 @@ pub enum FollowError {
 /// The rows after a cursor, and the position of the last.
 pub struct Batch {
     pub rows: Vec<ChainedEvent>,
+    /// The cursor before the batch: where to come back to if the receiver lost it.
+    pub from: Position,
     pub last: Position,
 }
 
@@ -51,6 +53,10 @@ pub async fn next(
         ..Default::default()
     };
     let rows = db::audit::list(pool, &filter, None, limit).await?;
+    let from = Position {
+        id: at.id,
+        tx: filter.after_tx.clone(),
+    };
     let Some(id) = rows.last().and_then(|r| r.id) else {
         return Ok(None);
     };
@@ -58,11 +64,22 @@ pub async fn next(
     let tx = db::audit::position(pool, id).await?;
     Ok(Some(Batch {
         rows,
+        from,
         last: Position { id, tx },
     }))
 }
 
 /// Moves `cursor` past `batch`, in the transaction that claimed it (committed by the caller).
+/// Moves `cursor` back to `to`, so that the rows after it are delivered again; nothing when
+/// another instance holds the cursor (it has its own connection, and its own view of it).
+pub async fn rewind(pool: &PgPool, cursor: &str, to: &Position) -> sqlx::Result<()> {
+    let mut tx = pool.begin().await?;
+    if db::sinks::claim(&mut tx, cursor).await?.is_some() {
+        db::sinks::advance(&mut tx, cursor, to, 0).await?;
+    }
+    tx.commit().await
+}
+
 pub async fn done(conn: &mut PgConnection, cursor: &str, batch: &Batch) -> sqlx::Result<()> {
     db::sinks::advance(conn, cursor, &batch.last, batch.rows.len() as i64).await
 }

@@ -18,11 +18,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::chain::ChainedEvent;
 use super::siem;
 use crate::db;
+use crate::db::sinks::Position;
 
 /// Rows per batch.
 const BATCH: i64 = 500;
@@ -32,6 +33,11 @@ const POLL: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// One send's deadline.
 const SEND_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long rows written to a syslog connection may still be lost with it. Syslog over TCP
+/// has no acknowledgement: a receiver that stops drops what its socket and queues held, and
+/// the writes had succeeded. When a connection ends, the batches written on it this recently
+/// are sent again (each message carries its row id, so a receiver can drop the duplicates).
+const SYSLOG_REPLAY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SinkFormat {
@@ -248,6 +254,11 @@ struct Deliverer {
     sink: Sink,
     http: Option<oauth2::reqwest::Client>,
     conn: Option<Conn>,
+    /// When each batch written on `conn` in the last [`SYSLOG_REPLAY`] was sent, and the
+    /// cursor before it.
+    written: std::collections::VecDeque<(tokio::time::Instant, Position)>,
+    /// Where to take the cursor back to before the next batch: the connection ended.
+    rewind: Option<Position>,
 }
 
 async fn run(pool: PgPool, sink: Sink, metrics: crate::metrics::Metrics) {
@@ -268,8 +279,20 @@ async fn run(pool: PgPool, sink: Sink, metrics: crate::metrics::Metrics) {
         sink,
         http,
         conn: None,
+        written: Default::default(),
+        rewind: None,
     };
     loop {
+        // An idle connection is watched too: rows the receiver lost come again without
+        // waiting for new ones.
+        d.probe().await;
+        if let Some(to) = d.rewind.take() {
+            tracing::info!(sink = %d.sink.name, after_id = to.id, "audit sink: the connection ended; sending its last rows again");
+            if let Err(e) = super::follow::rewind(&pool, &d.sink.name, &to).await {
+                tracing::warn!(sink = %d.sink.name, error = %e, "audit sink: cannot take the cursor back");
+                d.rewind = Some(to);
+            }
+        }
         match d.once(&pool).await {
             Ok(n) => {
                 backoff = Duration::from_secs(1);
@@ -284,7 +307,7 @@ async fn run(pool: PgPool, sink: Sink, metrics: crate::metrics::Metrics) {
                 }
             }
             Err(e) => {
-                d.conn = None;
+                d.lost();
                 metrics
                     .sink_errors
                     .with_label_values(&[d.sink.name.as_str()])
@@ -311,11 +334,55 @@ impl Deliverer {
         tokio::time::timeout(SEND_TIMEOUT, self.send(&batch.rows))
             .await
             .map_err(|_| "timed out".to_owned())??;
+        if self.conn.is_some() {
+            let now = tokio::time::Instant::now();
+            while self
+                .written
+                .front()
+                .is_some_and(|(at, _)| now.duration_since(*at) > SYSLOG_REPLAY)
+            {
+                self.written.pop_front();
+            }
+            self.written.push_back((now, batch.from.clone()));
+        }
         super::follow::done(&mut tx, &self.sink.name, &batch)
             .await
             .map_err(|e| e.to_string())?;
         tx.commit().await.map_err(|e| e.to_string())?;
         Ok(batch.rows.len())
+    }
+
+    /// The syslog connection ended (or failed): the rows written on it lately may be lost.
+    fn lost(&mut self) {
+        self.conn = None;
+        let now = tokio::time::Instant::now();
+        if let Some((_, from)) = self
+            .written
+            .iter()
+            .find(|(at, _)| now.duration_since(*at) <= SYSLOG_REPLAY)
+        {
+            self.rewind = Some(from.clone());
+        }
+        self.written.clear();
+    }
+
+    /// Whether the receiver closed the syslog connection: a closed one still takes writes
+    /// into the kernel's buffer, and they would be lost. Over TLS the end comes as a
+    /// close_notify record before the FIN, so a peek on the socket sees a byte and not the
+    /// end: read through the TLS layer, which turns either into end-of-stream or an error.
+    /// The receiver never sends data, so whatever arrives is the end or noise to discard.
+    async fn probe(&mut self) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        let mut b = [0u8; 64];
+        let probe = match conn {
+            Conn::Tcp(s) => tokio::time::timeout(Duration::ZERO, s.peek(&mut b[..1])).await,
+            Conn::Tls(s) => tokio::time::timeout(Duration::ZERO, s.read(&mut b)).await,
+        };
+        if let Ok(Ok(0)) | Ok(Err(_)) = probe {
+            self.lost();
+        }
     }
 
     async fn send(&mut self, rows: &[ChainedEvent]) -> Result<(), String> {
@@ -382,20 +449,7 @@ impl Deliverer {
         tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
         rows: &[ChainedEvent],
     ) -> Result<(), String> {
-        // A connection the receiver closed (a restart) still takes writes into the kernel's
-        // buffer, and they would be lost: look for its end before writing.
-        if let Some(conn) = &self.conn {
-            let tcp = match conn {
-                Conn::Tcp(s) => s,
-                Conn::Tls(s) => s.get_ref().0,
-            };
-            let mut b = [0u8; 1];
-            if let Ok(Ok(0)) | Ok(Err(_)) =
-                tokio::time::timeout(Duration::ZERO, tcp.peek(&mut b)).await
-            {
-                self.conn = None;
-            }
-        }
+        self.probe().await;
         if self.conn.is_none() {
             let tcp = tokio::net::TcpStream::connect((host, port))
                 .await
@@ -438,10 +492,7 @@ impl Deliverer {
             }
             None => return Err("not connected".into()),
         };
-        res.map_err(|e| {
-            self.conn = None;
-            format!("writing to {host}:{port}: {e}")
-        })
+        res.map_err(|e| format!("writing to {host}:{port}: {e}"))
     }
 }
 
