@@ -33,7 +33,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use toolgate::cost;
-use toolgate::pool::{Catalog, Tool};
+use toolgate::pool::{Catalog, GroupSummaries, Tool};
 use toolgate::search::{self, SearchIndex, SearchOptions};
 
 #[derive(Deserialize, Clone)]
@@ -139,7 +139,15 @@ struct Bench {
 
 fn load(dir: &Path, name: &str, sets: &[(&str, &str)]) -> anyhow::Result<Bench> {
     let defs: Value = read_json(&dir.join("tools.json"))?;
-    let catalog = search::catalog_from_definitions(&defs).map_err(|e| anyhow::anyhow!(e))?;
+    // The groups' one-line summaries, as an operator would write an upstream's `description`
+    // (a folder of bare definitions has no group documents).
+    let summaries: GroupSummaries = match std::fs::metadata(dir.join("groups.json")) {
+        Ok(_) => read_json(&dir.join("groups.json"))?,
+        Err(_) => GroupSummaries::new(),
+    };
+    let catalog = search::catalog_from_definitions(&defs)
+        .map_err(|e| anyhow::anyhow!(e))?
+        .with_summaries(summaries);
     let mut loaded = Vec::new();
     for (set, file) in sets {
         let queries: Vec<Query> = read_json(&dir.join(file))?;
@@ -387,10 +395,17 @@ struct Tokens {
     max_load: usize,
 }
 
-fn tokens(index: &SearchIndex, all: &[Arc<Tool>], queries: &[&Query], limit: usize) -> Tokens {
+fn tokens(
+    catalog: &Catalog,
+    index: &SearchIndex,
+    all: &[Arc<Tool>],
+    queries: &[&Query],
+    limit: usize,
+) -> Tokens {
     let full = cost::tools_list_tokens(all);
     let fixed = cost::definitions_tokens(&search::search_listing(&[], all));
-    let index_list = cost::definitions_tokens(&search::index_listing(&[], all));
+    let index_list =
+        cost::definitions_tokens(&search::index_listing(&[], all, catalog.group_summaries()));
     let loads: Vec<usize> = all
         .iter()
         .map(|t| cost::tokens(&search::load_body(std::slice::from_ref(t), &[]).to_string()))
@@ -416,9 +431,10 @@ fn tokens(index: &SearchIndex, all: &[Arc<Tool>], queries: &[&Query], limit: usi
 
 /// `n` tools made of copies of `defs` under renamed groups (`github` -> `github7`), so that
 /// the vocabulary is realistic and every name distinct.
-fn scaled_catalog(defs: &Value, n: usize) -> anyhow::Result<Catalog> {
+fn scaled_catalog(defs: &Value, n: usize, summaries: &GroupSummaries) -> anyhow::Result<Catalog> {
     let base = defs.as_array().context("tools.json is not an array")?;
     let mut out = Vec::with_capacity(n);
+    let mut scaled = GroupSummaries::new();
     for i in 0..n {
         let mut d = base[i % base.len()].clone();
         let copy = i / base.len();
@@ -429,16 +445,21 @@ fn scaled_catalog(defs: &Value, n: usize) -> anyhow::Result<Catalog> {
         let (group, op) = name.split_once("__").context("name without __")?;
         d["name"] = Value::String(format!("{group}{copy}__{op}"));
         out.push(d);
+        if let Some(s) = summaries.get(group) {
+            scaled.insert(format!("{group}{copy}"), s.clone());
+        }
     }
-    search::catalog_from_definitions(&Value::Array(out)).map_err(|e| anyhow::anyhow!(e))
+    Ok(search::catalog_from_definitions(&Value::Array(out))
+        .map_err(|e| anyhow::anyhow!(e))?
+        .with_summaries(scaled))
 }
 
 /// p50 of one search by an agent that sees the first `seen` tools of a `pool`-tool catalog,
 /// through the pool's index (as the gateway does), against the same search through an index of
 /// those `seen` tools alone: the reference doing the same work with nothing else in the pool.
 fn share(defs: &Value, queries: &[&Query], pool: usize, seen: usize) -> anyhow::Result<()> {
-    let everyone = scaled_catalog(defs, pool)?;
-    let mine: BTreeSet<String> = scaled_catalog(defs, seen)?
+    let everyone = scaled_catalog(defs, pool, &GroupSummaries::new())?;
+    let mine: BTreeSet<String> = scaled_catalog(defs, seen, &GroupSummaries::new())?
         .tools()
         .map(|t| t.name.as_str().to_owned())
         .collect();
@@ -482,7 +503,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 /// Build time, and p50 / p90 of one search over all `n` tools, for ours and the baseline.
 fn speed(defs: &Value, queries: &[&Query], n: usize) -> anyhow::Result<()> {
-    let catalog = scaled_catalog(defs, n)?;
+    let catalog = scaled_catalog(defs, n, &GroupSummaries::new())?;
     let all: Vec<Arc<Tool>> = catalog.tools().cloned().collect();
     let started = Instant::now();
     let index = SearchIndex::build(&catalog, None);
@@ -577,7 +598,10 @@ fn main() -> anyhow::Result<()> {
     }
     if a.index {
         for b in &benches {
-            println!("{}", search::index_text(&b.all));
+            println!(
+                "{}",
+                search::index_text(&b.all, b.catalog.group_summaries())
+            );
         }
         return Ok(());
     }
@@ -642,16 +666,22 @@ fn tokens_and_speed(a: &Args, benches: &[Bench]) -> anyhow::Result<()> {
     for b in benches {
         let index = SearchIndex::build(&b.catalog, None);
         let queries: Vec<&Query> = b.sets.iter().flat_map(|(_, q)| q).collect();
-        rows.push((b.name.clone(), tokens(&index, &b.all, &queries, a.limit)));
+        rows.push((
+            b.name.clone(),
+            tokens(&b.catalog, &index, &b.all, &queries, a.limit),
+        ));
     }
     // A 1,000-tool pool: copies of the last catalog under new group names, searched with its
     // queries.
     if let Some(b) = benches.last() {
-        let catalog = scaled_catalog(&b.defs, 1_000)?;
+        let catalog = scaled_catalog(&b.defs, 1_000, b.catalog.group_summaries())?;
         let all: Vec<Arc<Tool>> = catalog.tools().cloned().collect();
         let index = SearchIndex::build(&catalog, None);
         let queries: Vec<&Query> = b.sets.iter().flat_map(|(_, q)| q).collect();
-        rows.push(("1000 tools".into(), tokens(&index, &all, &queries, a.limit)));
+        rows.push((
+            "1000 tools".into(),
+            tokens(&catalog, &index, &all, &queries, a.limit),
+        ));
     }
     for (name, t) in &rows {
         let search = t.fixed as f64 + t.mean_result;

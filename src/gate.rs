@@ -226,6 +226,11 @@ impl<'a> Gate<'a> {
         self.snapshot.visible(self.principal)
     }
 
+    /// The caller's index-mode `search_tools`, built once per view of a snapshot.
+    pub fn index_tool(&self) -> Arc<crate::search::IndexTool> {
+        self.snapshot.index_tool(self.principal)
+    }
+
     /// The tool `name` if the caller may see it; `None` whether it is unknown or not granted.
     pub fn resolve(&self, name: &str) -> Option<Arc<Tool>> {
         self.snapshot.resolve(self.principal, name)

@@ -57,7 +57,7 @@ pub(super) async fn listing(
     let discovery = gate.discovery();
     let (entries, more) = if matches!(discovery, Discovery::Search | Discovery::Index) {
         let listed = if discovery == Discovery::Index {
-            search::index_entries(gate.pinned(), &visible)
+            search::index_entries_with(gate.pinned(), &visible, gate.index_tool())
         } else {
             search::search_entries(gate.pinned(), &visible)
         };

@@ -378,7 +378,20 @@ pub struct PolicySnapshot {
     /// snapshot, so it lives and dies with it.
     list_tokens: Mutex<HashMap<ListKey, usize>>,
     pool_tokens: OnceLock<usize>,
+    /// Index mode's `search_tools` per caller's view, built on first use: the same bytes for
+    /// every listing of one view, until visibility or a definition changes.
+    indexes: Mutex<IndexMemo>,
 }
+
+/// The built indexes and their bytes: cleared when they would pass [`MAX_INDEX_BYTES`].
+#[derive(Debug, Default)]
+struct IndexMemo {
+    by_view: HashMap<ListKey, Arc<crate::search::IndexTool>>,
+    bytes: usize,
+}
+
+/// Bound on the memory the index memo holds (an index of 100,000 tools is megabytes).
+const MAX_INDEX_BYTES: usize = 32 << 20;
 
 impl PolicySnapshot {
     /// A snapshot with a search index built for `catalog`.
@@ -521,6 +534,7 @@ impl PolicySnapshot {
                 .collect(),
             list_tokens: Mutex::default(),
             pool_tokens: OnceLock::new(),
+            indexes: Mutex::default(),
         }
     }
 
@@ -656,10 +670,17 @@ impl PolicySnapshot {
     /// Tokens of `principal`'s index-mode `tools/list`.
     fn index_tokens(&self, principal: &Principal, pinned: &[String]) -> usize {
         self.memo(self.list_key(principal, true), || {
-            crate::cost::definitions_tokens(&crate::search::index_listing(
+            let entries = crate::search::index_entries_with(
                 pinned,
                 &self.visible(principal),
-            ))
+                self.index_tool(principal),
+            );
+            crate::cost::definitions_tokens(
+                &entries
+                    .iter()
+                    .map(crate::search::Listed::definition)
+                    .collect::<Vec<_>>(),
+            )
         })
     }
 
@@ -689,6 +710,7 @@ impl PolicySnapshot {
             crate::cost::definitions_tokens(&crate::search::index_listing(
                 &agent.record.pinned,
                 &agent.visible,
+                self.catalog.group_summaries(),
             ))
         })
     }
@@ -698,6 +720,30 @@ impl PolicySnapshot {
         *self
             .pool_tokens
             .get_or_init(|| crate::cost::tools_list_tokens(self.catalog.tools()))
+    }
+
+    /// `principal`'s index-mode `search_tools`, the index of what it sees in its description.
+    pub fn index_tool(&self, principal: &Principal) -> Arc<crate::search::IndexTool> {
+        let key = self.list_key(principal, true);
+        let lock = || self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = lock().by_view.get(&key) {
+            return t.clone();
+        }
+        // Built outside the lock: one view's index does not wait for another's.
+        let built = Arc::new(crate::search::index_tool(
+            &self.visible(principal),
+            self.catalog.group_summaries(),
+        ));
+        let size = built.json.len() * 2;
+        let mut memo = lock();
+        if memo.bytes + size > MAX_INDEX_BYTES || memo.by_view.len() >= MAX_MEMO {
+            memo.by_view.clear();
+            memo.bytes = 0;
+        }
+        if size <= MAX_INDEX_BYTES && memo.by_view.insert(key, built.clone()).is_none() {
+            memo.bytes += size;
+        }
+        built
     }
 
     fn memo(&self, key: ListKey, count: impl FnOnce() -> usize) -> usize {

@@ -249,6 +249,9 @@ pub struct ScriptGroup {
     pub copy_store: bool,
     /// The identity of the group's `openapi.json` when it was read.
     pub spec_stamp: FileStamp,
+    /// The document's `info.summary`: what the group is for, in a line (covered by the hash,
+    /// as part of `settings`).
+    pub summary: Option<Box<str>>,
 }
 
 /// The identity of a file the hash covers, when it was read ([`loader`]'s `stamp`).
@@ -708,9 +711,17 @@ pub struct GroupStatus {
     pub folder: String,
     pub source: &'static str,
     pub tools: usize,
+    /// What the group is for, in a line, as written: its `openapi.json`'s `info.summary`, or
+    /// an upstream's `description`. The index heads the group's tools with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
     /// The last load failed; `tools` is what is still served from the last good load.
     pub error: Option<LoadError>,
 }
+
+/// Groups' one-line summaries as written (hostile text: the index makes them safe), by
+/// group name.
+pub type GroupSummaries = BTreeMap<String, String>;
 
 /// An immutable snapshot of the pool.
 #[derive(Debug, Default)]
@@ -719,6 +730,8 @@ pub struct Catalog {
     /// second copy of every name, and its nodes, for nothing a sorted list does not do.
     tools: Vec<Arc<Tool>>,
     groups: BTreeMap<String, GroupStatus>,
+    /// Each group's `summary`, by group name (not folder): what the index heads it with.
+    summaries: GroupSummaries,
     /// Tools whose files were changed and restored since the previous load.
     restored: Vec<Restored>,
 }
@@ -733,9 +746,14 @@ impl Catalog {
         tools.dedup_by(|a, b| a.name == b.name);
         tools.reverse();
         tools.shrink_to_fit();
+        let summaries = groups
+            .iter()
+            .filter_map(|g| Some((g.name.clone(), g.summary.clone()?)))
+            .collect();
         Self {
             tools,
             groups: groups.into_iter().map(|g| (g.folder.clone(), g)).collect(),
+            summaries,
             restored: Vec::new(),
         }
     }
@@ -783,6 +801,18 @@ impl Catalog {
 
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
+    }
+
+    /// This catalog with `summaries` as its groups' (a catalog made of bare definitions has
+    /// no group documents to read them from).
+    pub fn with_summaries(mut self, summaries: GroupSummaries) -> Self {
+        self.summaries = summaries;
+        self
+    }
+
+    /// What each group is for, in a line as written, by group name.
+    pub fn group_summaries(&self) -> &GroupSummaries {
+        &self.summaries
     }
 
     /// Group statuses, ordered by folder.

@@ -61,7 +61,8 @@ pub fn query_terms(query: &str, options: &SearchOptions) -> Vec<(String, f64)> {
 use crate::cost::{self, ListCost};
 use crate::policy::snapshot::{AgentView, Discovery, PolicySnapshot};
 use crate::pool::{
-    Catalog, ContentHash, Execution, ScriptGroup, ScriptSpec, Tool, ToolName, ToolSource,
+    Catalog, ContentHash, Execution, GroupSummaries, ScriptGroup, ScriptSpec, Tool, ToolName,
+    ToolSource,
 };
 
 /// The search meta-tool. Real tool names always contain `__`, so it cannot collide with one.
@@ -77,7 +78,8 @@ pub const DEFAULT_INDEX_BUDGET: usize = 8000;
 /// Longest summary of a tool in the index, in characters.
 const INDEX_SUMMARY_CHARS: usize = 56;
 /// A summary longer than this ends at its first clause break after it (`, `, `; `, `: `,
-/// ` (`, ` - `): the purpose, not the details, which `load_tools` gives.
+/// ` (`, ` - `, or a word that starts the details: "using", "for", "from" …): the purpose,
+/// not the details, which `load_tools` gives.
 const INDEX_CLAUSE_CHARS: usize = 24;
 /// Results returned when the caller does not say.
 pub const DEFAULT_LIMIT: usize = 5;
@@ -242,21 +244,39 @@ pub fn search_entries(pinned: &[String], visible: &[Arc<Tool>]) -> Vec<Listed> {
 /// every visible tool in its description (where every client shows it to the model: a
 /// tool's description is part of what the model is given, while server instructions and
 /// resources are shown, or not, as each host decides), plus the pinned tools.
-pub fn index_entries(pinned: &[String], visible: &[Arc<Tool>]) -> Vec<Listed> {
+pub fn index_entries(
+    pinned: &[String],
+    visible: &[Arc<Tool>],
+    groups: &GroupSummaries,
+) -> Vec<Listed> {
+    index_entries_with(pinned, visible, Arc::new(index_tool(visible, groups)))
+}
+
+/// [`index_entries`] with `search_tools` already built by [`index_tool`] (the snapshot keeps
+/// it per caller's view).
+pub fn index_entries_with(
+    pinned: &[String],
+    visible: &[Arc<Tool>],
+    index: Arc<IndexTool>,
+) -> Vec<Listed> {
     let mut listed: Vec<Listed> = meta_tools()
         .iter()
         .filter(|t| t.name != SEARCH_TOOLS)
         .map(Listed::Meta)
         .collect();
-    listed.push(Listed::Index(Arc::new(index_tool(visible))));
+    listed.push(Listed::Index(index));
     listed.extend(pinned_entries(pinned, visible));
     listed.sort_by(|a, b| a.name().cmp(b.name()));
     listed
 }
 
 /// [`index_entries`] as the SDK's types.
-pub fn index_listing(pinned: &[String], visible: &[Arc<Tool>]) -> Vec<rmcp::model::Tool> {
-    index_entries(pinned, visible)
+pub fn index_listing(
+    pinned: &[String],
+    visible: &[Arc<Tool>],
+    groups: &GroupSummaries,
+) -> Vec<rmcp::model::Tool> {
+    index_entries(pinned, visible, groups)
         .iter()
         .map(Listed::definition)
         .collect()
@@ -266,25 +286,26 @@ pub fn index_listing(pinned: &[String], visible: &[Arc<Tool>]) -> Vec<rmcp::mode
     clippy::expect_used,
     reason = "search_tools is one of the meta-tools, and the SDK's own type serializes"
 )]
-fn index_tool(visible: &[Arc<Tool>]) -> IndexTool {
+pub fn index_tool(visible: &[Arc<Tool>], groups: &GroupSummaries) -> IndexTool {
     let mut tool = meta_tool(SEARCH_TOOLS)
         .expect("search_tools is a meta-tool")
         .clone();
     // The index says what the tool is for itself: search mode's description is not repeated.
-    tool.description = Some(index_text(visible).into());
+    tool.description = Some(index_text(visible, groups).into());
     let json = serde_json::to_string(&tool).expect("a tool definition serializes");
     IndexTool { tool, json }
 }
 
-/// The index: a heading per group, then one line per visible tool, beginning with its name,
-/// then a colon and the first sentence of its description, made safe (see [`summary`]). A
-/// pure function of `visible` (name-ordered): it changes only when visibility or a
-/// description does, so prompt caches hold.
-pub fn index_text(visible: &[Arc<Tool>]) -> String {
+/// The index: a heading per group (its name, and its summary made safe), then one line per
+/// visible tool, beginning with its name, then a colon and the first sentence of its
+/// description, made safe (see [`summary`]). A pure function of `visible` (name-ordered) and
+/// the groups' summaries: it changes only when visibility or a definition does, so prompt
+/// caches hold.
+pub fn index_text(visible: &[Arc<Tool>], groups: &GroupSummaries) -> String {
     let mut out = String::from(
-        "Your tools, by group, one per line (name: purpose). load_tools gives a tool's \
-         definition; then call it by name or through call_tool. This tool finds tools for a \
-         task in plain words (query) and returns their definitions.",
+        "Your tools by group (name: purpose). load_tools gives their definitions; call them \
+         by name or through call_tool. This tool finds tools for a task (query) and returns \
+         their definitions.",
     );
     let mut group = "";
     for t in visible {
@@ -296,6 +317,11 @@ pub fn index_text(visible: &[Arc<Tool>]) -> String {
             group = g;
             out.push_str("\n## ");
             out.push_str(g);
+            let s = groups.get(g).map(|s| group_line(s)).unwrap_or_default();
+            if !s.is_empty() {
+                out.push_str(": ");
+                out.push_str(&s);
+            }
         }
         out.push('\n');
         out.push_str(name);
@@ -314,6 +340,21 @@ pub fn index_text(visible: &[Arc<Tool>]) -> String {
 /// overrides, zero-width, tag characters) become spaces, markup brackets and backticks become
 /// harmless look-alikes, and nothing can start a line or a heading of its own.
 pub fn summary(description: &str) -> String {
+    let mut out = first_clause(description, INDEX_CLAUSE_CHARS);
+    cut_at_connector(&mut out);
+    out
+}
+
+/// A group's summary as its index heading: made safe and bounded like a tool's line, but
+/// whole up to the bound (its author wrote it as one line; it is not a description's first
+/// sentence).
+pub fn group_line(summary: &str) -> String {
+    first_clause(summary, usize::MAX)
+}
+
+/// [`summary`] before the cut at a [`DETAILS`] word; a clause break ends it past `clause_at`
+/// characters.
+fn first_clause(description: &str, clause_at: usize) -> String {
     let first = first_sentence(description);
     let mut out = String::with_capacity(first.len().min(INDEX_SUMMARY_CHARS * 4));
     let mut chars = 0;
@@ -333,21 +374,25 @@ pub fn summary(description: &str) -> String {
             continue;
         }
         if chars + usize::from(space) + 1 > INDEX_SUMMARY_CHARS {
-            // Cut at the last word boundary rather than inside a word.
-            if let Some(at) = out.rfind(' ') {
+            // Cut at the last word boundary rather than inside a word, and end on a word
+            // that carries meaning: the line is a pointer to the definition load_tools gives,
+            // so an ellipsis would cost a token and say nothing the format does not.
+            if !space && let Some(at) = out.rfind(' ') {
                 out.truncate(at);
             }
-            out.push('…');
+            // And end where a phrase ends: "… by its tag name", not "… by its tag name in a
+            // GitHub".
+            if let Some(at) = last_phrase_start(&out) {
+                out.truncate(at);
+            }
+            trim_dangling(&mut out);
             return out;
         }
-        if space
-            && chars >= INDEX_CLAUSE_CHARS
-            && matches!(out.chars().last(), Some(',' | ';' | ':'))
-        {
+        if space && chars >= clause_at && matches!(out.chars().last(), Some(',' | ';' | ':')) {
             out.pop();
             return out;
         }
-        if space && chars >= INDEX_CLAUSE_CHARS && (c == '(' || c == '-' || c == '—') {
+        if space && chars >= clause_at && (c == '(' || c == '-' || c == '—') {
             return out;
         }
         if space {
@@ -363,6 +408,81 @@ pub fn summary(description: &str) -> String {
         out.pop();
     }
     out
+}
+
+/// Words that leave a cut line hanging ("… using", "… of the"): dropped from its end.
+const DANGLING: &[&str] = &[
+    "a", "an", "and", "as", "at", "by", "for", "from", "in", "into", "its", "of", "on", "or",
+    "that", "the", "their", "to", "using", "via", "which", "with", "your",
+];
+
+/// Words after which a summary gives the details (the means, the scope, the source), not
+/// the purpose: a summary past [`INDEX_CLAUSE_CHARS`] ends before the first of them.
+const DETAILS: &[&str] = &[
+    "across",
+    "as",
+    "based",
+    "by",
+    "for",
+    "from",
+    "including",
+    "that",
+    "using",
+    "via",
+    "when",
+    "where",
+    "which",
+    "while",
+    "with",
+    "within",
+];
+
+/// Ends `out` before the first [`DETAILS`] word past [`INDEX_CLAUSE_CHARS`].
+fn cut_at_connector(out: &mut String) {
+    let mut chars = 0;
+    let mut last = 0;
+    for (i, _) in out.match_indices(' ') {
+        chars += out[last..i].chars().count();
+        last = i;
+        let next = out[i + 1..].split(' ').next().unwrap_or("");
+        if chars >= INDEX_CLAUSE_CHARS && DETAILS.contains(&next.to_lowercase().as_str()) {
+            out.truncate(i);
+            trim_dangling(out);
+            return;
+        }
+    }
+}
+
+/// Where the last phrase of `out` past [`INDEX_CLAUSE_CHARS`] starts: the space before its
+/// last [`DANGLING`] word there.
+fn last_phrase_start(out: &str) -> Option<usize> {
+    let mut chars = 0;
+    let mut last = 0;
+    let mut found = None;
+    for (i, _) in out.match_indices(' ') {
+        chars += out[last..i].chars().count();
+        last = i;
+        let next = out[i + 1..].split(' ').next().unwrap_or("");
+        if chars >= INDEX_CLAUSE_CHARS && DANGLING.contains(&next.to_lowercase().as_str()) {
+            found = Some(i);
+        }
+    }
+    found
+}
+
+/// Drops trailing punctuation and [`DANGLING`] words from a cut line.
+fn trim_dangling(out: &mut String) {
+    loop {
+        let trimmed = out
+            .trim_end_matches([' ', ',', ';', ':', '-', '—', '(', '/'])
+            .len();
+        out.truncate(trimmed);
+        let start = out.rfind(' ').map_or(0, |i| i + 1);
+        if start == 0 || !DANGLING.contains(&out[start..].to_lowercase().as_str()) {
+            return;
+        }
+        out.truncate(start);
+    }
 }
 
 /// Up to and including the first full stop followed by a space, or the first line break.
@@ -698,6 +818,7 @@ pub fn catalog_from_definitions(defs: &Value) -> Result<Catalog, String> {
                     copies: None,
                     copy_store: false,
                     spec_stamp: Default::default(),
+                    summary: None,
                 }),
                 file: "".into(),
                 timeout: Duration::from_secs(1),

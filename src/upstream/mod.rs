@@ -579,6 +579,7 @@ impl Upstreams {
                 folder: format!("upstream:{name}"),
                 source: "upstream",
                 tools: count,
+                summary: Some(shared.spec.description.clone()).filter(|d| !d.is_empty()),
                 error: error.map(|reason| LoadError {
                     folder: format!("upstream:{name}"),
                     file: format!("upstreams/{name}"),

@@ -651,6 +651,11 @@ async def run_index_mode(gw: Gateway) -> None:
                     indexed = [line.split(":")[0] for line in lines if "__" in line.split(":")[0]]
                     expect(indexed == visible, f"indexed {indexed}")
                     expect(not any(line.startswith("text__") for line in lines), "an ungranted tool is indexed")
+                    # Each group under its heading: its name and its openapi.json's info.summary.
+                    headings = [line for line in lines if line.startswith("## ")]
+                    expect(headings == ["## search: The team's notes: onboarding, runbooks, postmortems",
+                                        "## weather: Weather now and forecasts for a dozen cities"],
+                           f"headings {headings}")
                 async with check(f"{tag} load_tools {{names: [weather__current, search__query, text__wordcount, nope__x]}}"):
                     res = await client.call_tool(
                         "load_tools",
