@@ -370,20 +370,25 @@ fn write_pool(tools: &Path, pool_tools: usize) {
 const LIST: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#;
 const CALL: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"bench__cat","arguments":{"n":1}}}"#;
 
+/// One `tools/call` of the `cat` script, checked to have succeeded.
+async fn call_cat(http: &reqwest::Client, url: &str, tok: &str) {
+    let r = mcp_post(http, url, tok, CALL).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let b = r.bytes().await.unwrap();
+    let text = String::from_utf8_lossy(&b);
+    assert!(
+        text.contains("\"result\"") && !text.contains("\"isError\":true"),
+        "the call failed: {text}"
+    );
+}
+
 /// Sequential `tools/call`s of the `cat` script at one client.
 async fn calls(http: &reqwest::Client, base: &str, tok: &str, n: usize) -> Stats {
     let url = format!("{base}/mcp");
     let mut v = Vec::with_capacity(n);
     for i in 0..n + n / 10 {
         let t = Instant::now();
-        let r = mcp_post(http, &url, tok, CALL).send().await.unwrap();
-        assert_eq!(r.status(), StatusCode::OK);
-        let b = r.bytes().await.unwrap();
-        let text = String::from_utf8_lossy(&b);
-        assert!(
-            text.contains("\"result\"") && !text.contains("\"isError\":true"),
-            "the call failed: {text}"
-        );
+        call_cat(http, &url, tok).await;
         // The first tenth warms connections and caches.
         if i >= n / 10 {
             v.push(t.elapsed());
@@ -459,17 +464,21 @@ async fn bare_spawn(script: &Path) {
     assert!(out.status.success() && out.stdout == br#"{"n":1}"#);
 }
 
-/// P7's reference: `conns` loops spawning the script back to back for `secs`: spawns/s.
-async fn concurrent_spawns(script: &Path, conns: usize, secs: u64) -> f64 {
+/// `conns` loops running `one` back to back for `secs`: runs per second.
+async fn per_second<F, Fut>(conns: usize, secs: u64, one: F) -> f64
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let deadline = Instant::now() + Duration::from_secs(secs);
     let started = Instant::now();
     let workers: Vec<_> = (0..conns)
         .map(|_| {
-            let script = script.to_path_buf();
+            let one = one.clone();
             tokio::spawn(async move {
                 let mut n = 0usize;
                 while Instant::now() < deadline {
-                    bare_spawn(&script).await;
+                    one().await;
                     n += 1;
                 }
                 n
@@ -483,8 +492,18 @@ async fn concurrent_spawns(script: &Path, conns: usize, secs: u64) -> f64 {
     total as f64 / started.elapsed().as_secs_f64()
 }
 
-/// P7: `conns` clients calling the `cat` script back to back for `secs`: calls/s, each call
-/// checked to have succeeded (a refused or failed call is not a call).
+/// P7's reference: `conns` loops spawning the script bare: spawns/s.
+async fn concurrent_spawns(script: &Path, conns: usize, secs: u64) -> f64 {
+    let script = Arc::new(script.to_path_buf());
+    per_second(conns, secs, move || {
+        let script = script.clone();
+        async move { bare_spawn(&script).await }
+    })
+    .await
+}
+
+/// P7: `conns` clients calling the `cat` script: calls/s, each call checked to have
+/// succeeded (a refused or failed call is not a call).
 async fn concurrent_calls(
     http: &reqwest::Client,
     base: &str,
@@ -492,34 +511,15 @@ async fn concurrent_calls(
     conns: usize,
     secs: u64,
 ) -> f64 {
-    let url = format!("{base}/mcp");
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let started = Instant::now();
-    let workers: Vec<_> = (0..conns)
-        .map(|_| {
-            let (http, url, tok) = (http.clone(), url.clone(), tok.to_owned());
-            tokio::spawn(async move {
-                let mut n = 0usize;
-                while Instant::now() < deadline {
-                    let r = mcp_post(&http, &url, &tok, CALL).send().await.unwrap();
-                    assert_eq!(r.status(), StatusCode::OK);
-                    let b = r.bytes().await.unwrap();
-                    let text = String::from_utf8_lossy(&b);
-                    assert!(
-                        text.contains("\"result\"") && !text.contains("\"isError\":true"),
-                        "the call failed: {text}"
-                    );
-                    n += 1;
-                }
-                n
-            })
-        })
-        .collect();
-    let mut total = 0;
-    for w in workers {
-        total += w.await.unwrap();
-    }
-    total as f64 / started.elapsed().as_secs_f64()
+    let target = Arc::new((http.clone(), format!("{base}/mcp"), tok.to_owned()));
+    per_second(conns, secs, move || {
+        let target = target.clone();
+        async move {
+            let (http, url, tok) = &*target;
+            call_cat(http, url, tok).await;
+        }
+    })
+    .await
 }
 
 fn ratio(ours: f64, reference: f64) -> String {
