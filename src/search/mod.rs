@@ -439,35 +439,30 @@ const DETAILS: &[&str] = &[
 
 /// Ends `out` before the first [`DETAILS`] word past [`INDEX_CLAUSE_CHARS`].
 fn cut_at_connector(out: &mut String) {
-    let mut chars = 0;
-    let mut last = 0;
-    for (i, _) in out.match_indices(' ') {
-        chars += out[last..i].chars().count();
-        last = i;
-        let next = out[i + 1..].split(' ').next().unwrap_or("");
-        if chars >= INDEX_CLAUSE_CHARS && DETAILS.contains(&next.to_lowercase().as_str()) {
-            out.truncate(i);
-            trim_dangling(out);
-            return;
-        }
+    let first = breaks_before(out, DETAILS).next();
+    if let Some(at) = first {
+        out.truncate(at);
+        trim_dangling(out);
     }
 }
 
 /// Where the last phrase of `out` past [`INDEX_CLAUSE_CHARS`] starts: the space before its
 /// last [`DANGLING`] word there.
 fn last_phrase_start(out: &str) -> Option<usize> {
+    breaks_before(out, DANGLING).last()
+}
+
+/// The spaces of `out` past [`INDEX_CLAUSE_CHARS`] characters that come before one of
+/// `words` (in any case), in order.
+fn breaks_before<'a>(out: &'a str, words: &'a [&'a str]) -> impl Iterator<Item = usize> + 'a {
     let mut chars = 0;
     let mut last = 0;
-    let mut found = None;
-    for (i, _) in out.match_indices(' ') {
+    out.match_indices(' ').filter_map(move |(i, _)| {
         chars += out[last..i].chars().count();
         last = i;
         let next = out[i + 1..].split(' ').next().unwrap_or("");
-        if chars >= INDEX_CLAUSE_CHARS && DANGLING.contains(&next.to_lowercase().as_str()) {
-            found = Some(i);
-        }
-    }
-    found
+        (chars >= INDEX_CLAUSE_CHARS && words.contains(&next.to_lowercase().as_str())).then_some(i)
+    })
 }
 
 /// Drops trailing punctuation and [`DANGLING`] words from a cut line.
