@@ -15,6 +15,7 @@
 //!
 //! [`Tool::mcp_json`]: crate::pool::Tool::mcp_json
 
+use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use axum::body::Body;
@@ -200,7 +201,7 @@ fn body(listing: Listing, id: rmcp::model::RequestId, era: Era) -> Vec<u8> {
         .expect("the SDK writes the tools array")
         + EMPTY.len()
         - 1;
-    let texts: Vec<&str> = listing.entries.iter().map(entry_json).collect();
+    let texts: Vec<Cow<'_, str>> = listing.entries.iter().map(entry_json).collect();
     let len = shell.len() + texts.iter().map(|t| t.len() + 1).sum::<usize>();
     let mut out = Vec::with_capacity(len);
     out.extend_from_slice(&shell[..at]);
@@ -235,15 +236,17 @@ static META_JSON: LazyLock<Vec<(String, String)>> = LazyLock::new(|| {
     clippy::expect_used,
     reason = "META_JSON is built from the same list of meta-tools"
 )]
-fn entry_json(entry: &Listed) -> &str {
+fn entry_json<'a>(entry: &'a Listed) -> Cow<'a, str> {
     match entry {
         Listed::Tool(t) => t.mcp_json(),
-        Listed::Index(t) => &t.json,
-        Listed::Meta(m) => META_JSON
-            .iter()
-            .find(|(name, _)| name.as_str() == m.name)
-            .map(|(_, text)| text.as_str())
-            .expect("every meta-tool is serialized"),
+        Listed::Index(t) => Cow::Borrowed(&t.json),
+        Listed::Meta(m) => Cow::Borrowed(
+            META_JSON
+                .iter()
+                .find(|(name, _)| name.as_str() == m.name)
+                .map(|(_, text)| text.as_str())
+                .expect("every meta-tool is serialized"),
+        ),
     }
 }
 

@@ -1057,7 +1057,9 @@ mod scale {
     /// like `bench/scale.sh` writes, loaded by the loader, indexed, then a snapshot with one
     /// agent per group. A measurement, not a test:
     /// `cargo nextest run --release --lib --run-ignored only -E 'test(memory_at_scale)' --no-capture`
-    /// (`SCALE_TOOLS`, default 20,000 in groups of 20).
+    /// (`SCALE_TOOLS`, default 20,000 in groups of 20). With `SCALE_FORGET=1` the pool and the
+    /// snapshot are never freed, so that a heap profiler's leak report is what they hold
+    /// (`heaptrack <test binary> --exact policy::snapshot::scale::memory_at_scale --ignored`).
     #[test]
     #[ignore = "a measurement; run on demand"]
     fn memory_at_scale() {
@@ -1114,6 +1116,9 @@ mod scale {
             per(after_index.saturating_sub(after_pool), catalog.len()),
             per(after_snapshot.saturating_sub(after_index), groups),
         );
+        if std::env::var_os("SCALE_FORGET").is_some() {
+            std::mem::forget((catalog, snapshot));
+        }
     }
 
     /// What a snapshot rebuild costs at scale: 100,000 tools in 5,000 groups, 10,000 agents

@@ -15,9 +15,8 @@ use super::definition::canonical;
 use super::env::{PrefixedEnv, ScriptEnv, ScriptVar};
 use super::sandbox::{GroupLimits, Mode, Sandbox, SandboxSettings};
 use super::{
-    Catalog, ContentHash, Execution, FileStamp, FileStamps, GroupStatus, HttpBinding, InputSchema,
-    InputValidator, LoadError, Restored, SEPARATOR, ScriptGroup, ScriptSpec, Tool, ToolName,
-    ToolSource,
+    Catalog, ContentHash, Execution, FileStamp, FileStamps, GroupStatus, HttpBinding, LoadError,
+    Restored, SEPARATOR, ScriptGroup, ScriptSpec, Shared, Tool, ToolName, ToolSource,
 };
 
 /// Defaults that apply to every script unless its operation says otherwise.
@@ -179,6 +178,7 @@ type Loaded = Result<Vec<Arc<Tool>>, LoadError>;
 /// parsed, its schemas compiled and its scripts hashed independently of the others, and that
 /// is most of a large pool's start (~200 µs per tool).
 fn load_groups(folders: &[PathBuf], names: &[String], settings: &LoaderSettings) -> Vec<Loaded> {
+    let shared = Shared::default();
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(folders.len().div_ceil(8))
@@ -187,7 +187,7 @@ fn load_groups(folders: &[PathBuf], names: &[String], settings: &LoaderSettings)
         return folders
             .iter()
             .zip(names)
-            .map(|(f, n)| load_group(f, n, settings))
+            .map(|(f, n)| load_group_sharing(f, n, settings, &shared))
             .collect();
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -203,7 +203,10 @@ fn load_groups(folders: &[PathBuf], names: &[String], settings: &LoaderSettings)
                         if i >= folders.len() {
                             return out;
                         }
-                        out.push((i, load_group(&folders[i], &names[i], settings)));
+                        out.push((
+                            i,
+                            load_group_sharing(&folders[i], &names[i], settings, &shared),
+                        ));
                     }
                 })
             })
@@ -227,6 +230,17 @@ pub fn load_group(
     folder: &Path,
     folder_name: &str,
     settings: &LoaderSettings,
+) -> Result<Vec<Arc<Tool>>, LoadError> {
+    load_group_sharing(folder, folder_name, settings, &Shared::default())
+}
+
+/// [`load_group`], its tools sharing what they have in common with the other groups of the
+/// same load.
+fn load_group_sharing(
+    folder: &Path,
+    folder_name: &str,
+    settings: &LoaderSettings,
+    shared: &Shared,
 ) -> Result<Vec<Arc<Tool>>, LoadError> {
     let spec_file = format!("{folder_name}/openapi.json");
     let fail = |file: &str, reason: String| LoadError {
@@ -411,15 +425,12 @@ pub fn load_group(
             }
             let (schema, binding) = input_schema(path, method, op, &shared_params)
                 .map_err(|e| fail(&spec_file, format!("operation {where_}: {e}")))?;
-            let kept = InputSchema::new(&schema);
-            let validator =
-                InputValidator::check(kept.clone(), &schema, Some(jsonschema::Draft::Draft202012))
-                    .map_err(|e| {
-                        fail(
-                            &spec_file,
-                            format!("operation {where_}: invalid schema: {e}"),
-                        )
-                    })?;
+            let (kept, validator) = shared.schema(&schema).map_err(|e| {
+                fail(
+                    &spec_file,
+                    format!("operation {where_}: invalid schema: {e}"),
+                )
+            })?;
             let timeout = match op.get("x-toolgate-timeout-ms") {
                 None => settings.default_timeout,
                 Some(v) => match v.as_u64() {
@@ -500,8 +511,11 @@ pub fn load_group(
                 script: &script_bytes,
                 ui: ui.as_deref().map(|rel| (rel, ui_bytes.as_slice())),
             });
-            let operation =
-                HttpBinding::script_operation_text(op, summary.as_deref(), description.as_deref());
+            let operation = shared.operation(HttpBinding::script_operation_text(
+                op,
+                summary.as_deref(),
+                description.as_deref(),
+            ));
             let stamps = FileStamps {
                 script: stamp(&script_meta),
                 ui: ui_stamp,
@@ -676,7 +690,7 @@ fn input_schema(
         query_params: Vec::new(),
         body_params: Vec::new(),
         // Set by the caller, which knows the tool's title and description.
-        operation: Box::default(),
+        operation: Arc::from(""),
     };
     let mut params: Vec<&Value> = Vec::new();
     let op_params = op.get("parameters");
@@ -1169,6 +1183,77 @@ mod tests {
             p50(&mut again),
             base.display()
         );
+    }
+
+    /// Tools of one load whose schemas (or operation texts) are the same text share one:
+    /// across groups too, and with one compiled validator that judges each tool's calls as
+    /// its own would. A schema that differs by anything is not shared.
+    #[test]
+    fn tools_with_the_same_schema_share_it_and_judge_calls_alike() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let body = |props: Value| {
+            json!({"required": true, "content": {"application/json": {"schema":
+                {"type": "object", "properties": props, "required": ["q"]}}}})
+        };
+        for group in ["a", "b"] {
+            let dir = root.path().join(group);
+            std::fs::create_dir(&dir).unwrap();
+            let mut paths = serde_json::Map::new();
+            for (op, props) in [
+                ("same", json!({"q": {"type": "string", "maxLength": 3}})),
+                ("twin", json!({"q": {"type": "string", "maxLength": 3}})),
+                ("other", json!({"q": {"type": "string", "maxLength": 4}})),
+            ] {
+                paths.insert(
+                    format!("/{op}"),
+                    json!({"post": {"operationId": op,
+                    "requestBody": body(props), "responses": {"200": {"description": "ok"}}}}),
+                );
+                let s = dir.join(format!("{op}.sh"));
+                std::fs::write(&s, "#!/bin/sh\ncat\n").unwrap();
+                std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            let doc = json!({"openapi": "3.1.0", "info": {"title": group, "version": "1"}, "paths": paths});
+            std::fs::write(dir.join("openapi.json"), doc.to_string()).unwrap();
+        }
+        let catalog = load_pool(root.path(), None, &LoaderSettings::default());
+        assert_eq!(
+            catalog.len(),
+            6,
+            "{:?}",
+            catalog.groups().collect::<Vec<_>>()
+        );
+        let tool = |n: &str| catalog.get(n).unwrap();
+        let same = tool("a__same");
+        for n in ["a__twin", "b__same", "b__twin"] {
+            let t = tool(n);
+            assert!(t.input_schema.is_shared_with(&same.input_schema), "{n}");
+            let (x, y) = (t.http.as_ref().unwrap(), same.http.as_ref().unwrap());
+            assert!(Arc::ptr_eq(&x.operation, &y.operation), "{n}");
+        }
+        for n in ["a__other", "b__other"] {
+            let t = tool(n);
+            assert!(!t.input_schema.is_shared_with(&same.input_schema), "{n}");
+            assert_ne!(
+                t.http.as_ref().unwrap().operation,
+                same.http.as_ref().unwrap().operation
+            );
+        }
+        assert!(
+            tool("a__other")
+                .input_schema
+                .is_shared_with(&tool("b__other").input_schema)
+        );
+        // One compiled validator, the same verdicts for every tool sharing it.
+        for n in ["a__same", "b__twin"] {
+            let v = tool(n).validator.compiled().unwrap();
+            assert!(v.is_valid(&json!({"q": "abc"})), "{n}");
+            assert!(!v.is_valid(&json!({"q": "abcd"})), "{n}");
+            assert!(!v.is_valid(&json!({})), "{n}");
+        }
+        let other = tool("a__other").validator.compiled().unwrap();
+        assert!(other.is_valid(&json!({"q": "abcd"})));
     }
 
     /// The loader and the grants read a group name by one rule: a folder that loads is a

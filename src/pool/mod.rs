@@ -15,6 +15,7 @@ pub mod slots;
 pub mod spawn;
 pub mod watcher;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -112,14 +113,15 @@ pub struct HttpBinding {
     pub body_params: Vec<String>,
     /// The operation object as compact JSON text, for the merged OpenAPI document. Kept as
     /// text, not as a parsed `Value`: parsed (every object an ordered map) it was the largest
-    /// part of a tool's memory, and only a request for `/openapi.json` reads it.
-    pub operation: Box<str>,
+    /// part of a tool's memory, and only a request for `/openapi.json` reads it. Shared by the
+    /// operations of one load whose texts are the same ([`Shared`]).
+    pub operation: Arc<str>,
 }
 
 impl HttpBinding {
     /// The text kept for an operation object.
-    pub fn operation_text(op: &Value) -> Box<str> {
-        op.to_string().into_boxed_str()
+    pub fn operation_text(op: &Value) -> Arc<str> {
+        op.to_string().into()
     }
 
     /// The text kept for a script's operation object, without what the tool holds anyway: the
@@ -132,7 +134,7 @@ impl HttpBinding {
         op: &Value,
         title: Option<&str>,
         description: Option<&str>,
-    ) -> Box<str> {
+    ) -> Arc<str> {
         let Value::Object(o) = op else {
             return Self::operation_text(op);
         };
@@ -360,13 +362,65 @@ pub struct Tool {
     pub listed: ListedJson,
 }
 
-/// A tool's `tools/list` entry as JSON text, serialized the first time the tool is listed and
+/// A tool's `tools/list` entry as JSON text, written the first time the tool is listed and
 /// then copied into every list that shows it: a list costs what its agent sees, in bytes
-/// copied, not a serialization of each schema per request. Only tools that are listed pay for
-/// it. A clone starts empty, because a clone is how an agent's narrowed copy is made, and its
-/// definition differs from the pool's.
+/// copied, not a serialization per request. Only tools that are listed pay for it, and all of
+/// them together at most [`LISTED_JSON_BUDGET`] bytes: past it, an entry is written for each
+/// list (from the kept schema text, without parsing it), so that lists across every agent of
+/// a large pool do not grow the gateway by a copy of every definition. A clone starts empty,
+/// because a clone is how an agent's narrowed copy is made, and its definition differs from
+/// the pool's.
 #[derive(Debug, Default)]
 pub struct ListedJson(std::sync::OnceLock<Box<str>>);
+
+/// The bytes that all tools' kept `tools/list` entries may hold together. 16 MB keeps the
+/// entries of some 50,000 typical tools: every tool of most pools, the most listed ones of
+/// the largest.
+pub const LISTED_JSON_BUDGET: usize = 16 << 20;
+
+/// The bytes kept by every [`ListedJson`] alive.
+static LISTED_JSON_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl ListedJson {
+    /// The kept entry, or `write`'s text, kept when the budget allows.
+    fn get_or_write(&self, write: impl FnOnce() -> String) -> Cow<'_, str> {
+        use std::sync::atomic::Ordering;
+        if let Some(kept) = self.0.get() {
+            return Cow::Borrowed(kept);
+        }
+        let text = write();
+        let reserved = LISTED_JSON_BYTES
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                (used + text.len() <= LISTED_JSON_BUDGET).then_some(used + text.len())
+            })
+            .is_ok();
+        if !reserved {
+            return Cow::Owned(text);
+        }
+        let len = text.len();
+        if self.0.set(text.into_boxed_str()).is_err() {
+            // Another list kept it first: give back what was reserved for this copy.
+            LISTED_JSON_BYTES.fetch_sub(len, Ordering::Relaxed);
+        }
+        match self.0.get() {
+            Some(kept) => Cow::Borrowed(kept),
+            None => unreachable!("the cell was set above"),
+        }
+    }
+
+    /// The bytes all kept entries hold now.
+    pub fn kept_bytes() -> usize {
+        LISTED_JSON_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for ListedJson {
+    fn drop(&mut self) {
+        if let Some(kept) = self.0.get() {
+            LISTED_JSON_BYTES.fetch_sub(kept.len(), std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
 
 impl Clone for ListedJson {
     fn clone(&self) -> Self {
@@ -441,10 +495,10 @@ impl Tool {
         self.name.operation()
     }
 
-    /// The MCP `Tool` definition, as `tools/list` shows it. Keeps the parsed input schema: a
-    /// listed tool is listed again.
+    /// The MCP `Tool` definition, as `tools/list` shows it. The input schema is parsed for it
+    /// and not kept (unless a call keeps it already): what lists read is [`Self::mcp_json`].
     pub fn mcp_definition(&self) -> rmcp::model::Tool {
-        self.mcp_definition_with(self.input_schema.parsed().clone())
+        self.mcp_definition_with(self.input_schema.read())
     }
 
     /// [`Self::mcp_definition`] with `schema` as its input schema.
@@ -465,17 +519,56 @@ impl Tool {
 
     /// [`Self::mcp_definition`] serialized as the SDK serializes it inside a `tools/list`
     /// result (the definition carries no `outputSchema`, the one field the SDK rewrites for
-    /// older protocol revisions, so one text serves both eras).
+    /// older protocol revisions, so one text serves both eras), kept within the budget of
+    /// [`ListedJson`].
+    pub fn mcp_json(&self) -> Cow<'_, str> {
+        self.listed.get_or_write(|| self.write_mcp_json())
+    }
+
+    /// [`Self::mcp_json`] written field by field, in the order and with the omissions of the
+    /// SDK's `Tool` (name, title, description, inputSchema, annotations, `_meta`), the schema
+    /// copied as its kept text: the schema is never parsed for a list.
     #[allow(
         clippy::expect_used,
-        reason = "a definition holds only JSON values and strings, which always serialize"
+        reason = "strings and the SDK's annotation and meta types always serialize"
     )]
-    pub fn mcp_json(&self) -> &str {
-        self.listed.0.get_or_init(|| {
-            serde_json::to_string(&self.mcp_definition())
-                .expect("a tool definition is JSON values and strings")
-                .into_boxed_str()
-        })
+    fn write_mcp_json(&self) -> String {
+        let schema = self.input_schema.text();
+        let mut out = Vec::with_capacity(
+            64 + self.name.as_str().len()
+                + self.title.as_ref().map_or(0, String::len)
+                + self.description.as_ref().map_or(0, String::len)
+                + schema.len(),
+        );
+        // The keys are the SDK's, plain ASCII: written as they are.
+        let key = |out: &mut Vec<u8>, key: &str| {
+            out.push(if out.is_empty() { b'{' } else { b',' });
+            out.push(b'"');
+            out.extend_from_slice(key.as_bytes());
+            out.extend_from_slice(b"\":");
+        };
+        key(&mut out, "name");
+        serde_json::to_writer(&mut out, self.name.as_str()).expect("a string serializes");
+        if let Some(t) = &self.title {
+            key(&mut out, "title");
+            serde_json::to_writer(&mut out, t).expect("a string serializes");
+        }
+        if let Some(d) = &self.description {
+            key(&mut out, "description");
+            serde_json::to_writer(&mut out, d).expect("a string serializes");
+        }
+        key(&mut out, "inputSchema");
+        out.extend_from_slice(schema.as_bytes());
+        if let Some(a) = &self.annotations {
+            key(&mut out, "annotations");
+            serde_json::to_writer(&mut out, a).expect("annotations serialize");
+        }
+        if let Some(m) = &self.meta {
+            key(&mut out, "_meta");
+            serde_json::to_writer(&mut out, m).expect("a meta object serializes");
+        }
+        out.push(b'}');
+        String::from_utf8(out).expect("JSON written from strings is UTF-8")
     }
 
     /// The tool's OpenAPI operation object, with the summary and description that
@@ -569,10 +662,13 @@ struct SchemaText {
 impl InputSchema {
     /// The schema of a tool that may never be used: only its text is kept.
     pub fn new(schema: &Map<String, Value>) -> Self {
+        Self::from_text(serde_json::to_string(schema).unwrap_or_default())
+    }
+
+    /// The schema whose compact JSON text (as `serde_json` writes a `Map`) is `text`.
+    fn from_text(text: String) -> Self {
         Self(Arc::new(SchemaText {
-            text: serde_json::to_string(schema)
-                .unwrap_or_default()
-                .into_boxed_str(),
+            text: text.into_boxed_str(),
             parsed: std::sync::OnceLock::new(),
             compiled: std::sync::OnceLock::new(),
         }))
@@ -590,6 +686,11 @@ impl InputSchema {
             Some(m) => m.clone(),
             None => Arc::new(self.parse()),
         }
+    }
+
+    /// Whether `other` is this very schema (one allocation), not only an equal one.
+    pub fn is_shared_with(&self, other: &InputSchema) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 
     /// The compact JSON text.
@@ -676,6 +777,11 @@ impl InputValidator {
         Ok(Self { schema, draft })
     }
 
+    /// The validator of a schema [`Self::check`] already passed under `draft`.
+    fn checked(schema: InputSchema, draft: Option<jsonschema::Draft>) -> Self {
+        Self { schema, draft }
+    }
+
     /// The compiled validator, built on first use.
     pub fn compiled(&self) -> Result<&jsonschema::Validator, &str> {
         self.schema
@@ -685,6 +791,91 @@ impl InputValidator {
             .as_ref()
             .as_ref()
             .map_err(String::as_str)
+    }
+}
+
+/// What the tools of one load share when their texts are the same: one input schema (with its
+/// parsed form and compiled validator, made once for all of them) and one OpenAPI operation
+/// text. Generated and hand-written pools repeat both (`{"type":"object","properties":{}}`,
+/// the same body and responses across a group's operations), and each copy cost a tool its
+/// text, an allocation and, for a schema, a compilation at load. Scoped to one load: nothing
+/// is kept once the catalog is built, so a pool whose texts are all different pays only
+/// the sets, for the load's duration.
+#[derive(Default)]
+pub struct Shared {
+    /// Schemas checked under [`Self::DRAFT`], by text.
+    schemas: std::sync::Mutex<std::collections::HashSet<SchemaByText>>,
+    operations: std::sync::Mutex<std::collections::HashSet<Arc<str>>>,
+}
+
+/// An input schema, compared and hashed by its text.
+struct SchemaByText(InputSchema);
+
+impl PartialEq for SchemaByText {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.text() == other.0.text()
+    }
+}
+
+impl Eq for SchemaByText {}
+
+impl std::hash::Hash for SchemaByText {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.text().hash(state);
+    }
+}
+
+impl std::borrow::Borrow<str> for SchemaByText {
+    fn borrow(&self) -> &str {
+        self.0.text()
+    }
+}
+
+impl Shared {
+    /// The draft every schema shared here was checked under: script tools' (OpenAPI 3.1's).
+    pub const DRAFT: jsonschema::Draft = jsonschema::Draft::Draft202012;
+
+    /// The input schema and validator for `schema`: the ones an earlier tool of this load
+    /// made for the same text, or new ones, checked to compile under [`Self::DRAFT`].
+    pub fn schema(
+        &self,
+        schema: &Map<String, Value>,
+    ) -> Result<(InputSchema, InputValidator), String> {
+        use std::sync::PoisonError;
+        let text = serde_json::to_string(schema).unwrap_or_default();
+        let known = self
+            .schemas
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(text.as_str())
+            .map(|s| s.0.clone());
+        if let Some(kept) = known {
+            return Ok((
+                kept.clone(),
+                InputValidator::checked(kept, Some(Self::DRAFT)),
+            ));
+        }
+        let kept = InputSchema::from_text(text);
+        let validator = InputValidator::check(kept.clone(), schema, Some(Self::DRAFT))?;
+        // Two threads may have made the same one: either is right, and the first stays.
+        self.schemas
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(SchemaByText(kept.clone()));
+        Ok((kept, validator))
+    }
+
+    /// `text`, or the same text an earlier tool of this load kept.
+    pub fn operation(&self, text: Arc<str>) -> Arc<str> {
+        let mut known = self
+            .operations
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(same) = known.get(&*text) {
+            return same.clone();
+        }
+        known.insert(text.clone());
+        text
     }
 }
 
@@ -887,5 +1078,63 @@ mod tests {
         assert_eq!((n.group(), n.operation()), ("up", "a__b"));
         let n = ToolName::parse("plain").unwrap();
         assert_eq!((n.group(), n.operation()), ("plain", ""));
+    }
+
+    /// The entry a list copies is written without the SDK's types; it must be what the SDK
+    /// would write, byte for byte, whatever the definition holds: hostile text in every
+    /// string, optional fields present and absent, annotations and `_meta`.
+    #[test]
+    fn a_written_list_entry_is_the_sdks_serialization_byte_for_byte() {
+        let defs = serde_json::json!([
+            {"name": "g__plain", "inputSchema": {"type": "object"}},
+            {"name": "g__full", "title": "T \"quoted\" </script>\u{7}",
+             "description": "line\nbreak \\ back\tslash \u{0} é 🦀 \u{2028}",
+             "inputSchema": {"type": "object", "properties": {"z": {"type": "string"}, "a": {"enum": [1, "x\"y"]}},
+                             "required": ["z"]},
+             "annotations": {"title": "A", "readOnlyHint": true, "destructiveHint": false},
+             "_meta": {"ui": {"resourceUri": "ui://g/app.html"}, "k": [null, 1.5]}},
+            {"name": "g__described", "description": "", "inputSchema": {"type": "object", "properties": {}}},
+        ]);
+        let catalog = crate::search::catalog_from_definitions(&defs).unwrap();
+        for tool in catalog.tools() {
+            let sdk = serde_json::to_string(&tool.mcp_definition()).unwrap();
+            assert_eq!(tool.write_mcp_json(), sdk, "{}", tool.name.as_str());
+            assert_eq!(tool.mcp_json(), sdk, "{}", tool.name.as_str());
+        }
+    }
+
+    /// Entries are kept only within the budget: past it a list still gets each entry, written
+    /// anew, and the bytes kept are given back when their tools go.
+    #[test]
+    fn list_entries_are_kept_within_their_budget_and_given_back() {
+        let description = "d".repeat(4096);
+        let count = LISTED_JSON_BUDGET / description.len() + 100;
+        let defs: Vec<Value> = (0..count)
+            .map(|i| {
+                serde_json::json!({"name": format!("g__op{i}"), "description": description,
+                    "inputSchema": {"type": "object"}})
+            })
+            .collect();
+        let catalog = crate::search::catalog_from_definitions(&Value::Array(defs)).unwrap();
+        let before = ListedJson::kept_bytes();
+        let mut borrowed = 0;
+        for tool in catalog.tools() {
+            let entry = tool.mcp_json();
+            assert!(entry.contains(&description));
+            borrowed += usize::from(matches!(entry, Cow::Borrowed(_)));
+        }
+        let kept = ListedJson::kept_bytes();
+        assert!(kept <= LISTED_JSON_BUDGET, "{kept} bytes kept");
+        assert!(
+            borrowed > 0 && borrowed < count,
+            "{borrowed} of {count} kept"
+        );
+        // A tool listed again is copied from what it kept, or written again: the same text.
+        for tool in catalog.tools() {
+            assert_eq!(tool.mcp_json(), tool.write_mcp_json());
+        }
+        assert_eq!(ListedJson::kept_bytes(), kept);
+        drop(catalog);
+        assert_eq!(ListedJson::kept_bytes(), before);
     }
 }
