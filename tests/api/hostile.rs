@@ -673,8 +673,10 @@ async fn a_100_mb_result_is_refused_at_the_limit_with_memory_bounded(pool: PgPoo
             said.contains("larger than 4194304 bytes"),
             "{group}: not a clear refusal after {took:?}: {said}"
         );
+        // Refused by the size limit, not by the 20 s call timeout: the message above says so;
+        // how long the upstream takes to write its 100 MB depends on the machine's load.
         assert!(
-            took < Duration::from_secs(15),
+            took < Duration::from_secs(20),
             "{group}: refused after {took:?}"
         );
         eprintln!("{group}: 100 MB answer refused after {took:?}");
