@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use argon2::password_hash::{Output, PasswordHash, PasswordHasher, SaltString};
+use argon2::password_hash::{Output, PasswordHash, SaltString};
 use argon2::{Algorithm, Argon2, Block, Params, Version};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -40,13 +40,48 @@ pub fn new_client_credentials() -> (String, String) {
     )
 }
 
-/// Hashes a secret or password (argon2id, the crate's recommended parameters).
+/// Hashes a secret or password (argon2id, the crate's recommended parameters), in a pooled
+/// buffer like a verification: the crate's own `hash_password` allocates its 19 MiB of working
+/// memory anew each time, and the allocator kept those buffers, one per thread that hashed,
+/// so that creating a thousand clients grew the gateway by hundreds of megabytes.
 pub fn hash(secret: &str) -> anyhow::Result<String> {
     let salt = SaltString::generate(&mut argon2::password_hash::rand_core::OsRng);
-    Argon2::default()
-        .hash_password(secret.as_bytes(), &salt)
-        .map(|h| h.to_string())
-        .map_err(|e| anyhow::anyhow!("hashing failed: {e}"))
+    let argon2 = Argon2::default();
+    let params = argon2.params().clone();
+    let mut salt_buf = [0u8; 64];
+    let salt_bytes = salt
+        .as_salt()
+        .decode_b64(&mut salt_buf)
+        .map_err(|e| anyhow::anyhow!("hashing failed: {e}"))?;
+    let mut out = vec![0u8; params.output_len().unwrap_or(Params::DEFAULT_OUTPUT_LEN)];
+    {
+        let mut lease = lease();
+        let blocks = lease
+            .0
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("hashing failed: no buffer"))?;
+        if blocks.len() < params.block_count() {
+            blocks.resize(params.block_count(), Block::default());
+        }
+        argon2
+            .hash_password_into_with_memory(
+                secret.as_bytes(),
+                salt_bytes,
+                &mut out,
+                &mut blocks[..params.block_count()],
+            )
+            .map_err(|e| anyhow::anyhow!("hashing failed: {e}"))?;
+    }
+    let phc = PasswordHash {
+        algorithm: Algorithm::Argon2id.ident(),
+        version: Some(Version::default().into()),
+        params: (&params)
+            .try_into()
+            .map_err(|e| anyhow::anyhow!("hashing failed: {e}"))?,
+        salt: Some(salt.as_salt()),
+        hash: Some(Output::new(&out).map_err(|e| anyhow::anyhow!("hashing failed: {e}"))?),
+    };
+    Ok(phc.to_string())
 }
 
 /// The argon2 working memory, allocated on first use and then only lent out.
@@ -279,6 +314,38 @@ mod tests {
         assert!(!verify("wrong", Some(&h)));
         assert!(!verify(&secret, None));
         assert!(!verify(&secret, Some("not a hash")));
+    }
+
+    /// A hash made in a pooled buffer is the crate's own PHC string: the crate's verifier
+    /// accepts it, and ours accepts one the crate made (hashes stored before this change).
+    #[test]
+    fn the_pooled_hash_is_the_crates_own_format_both_ways() {
+        use argon2::password_hash::{PasswordHasher, PasswordVerifier};
+        let ours = hash("s3cret").unwrap();
+        assert!(
+            ours.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"),
+            "{ours}"
+        );
+        let parsed = PasswordHash::new(&ours).unwrap();
+        assert!(
+            Argon2::default()
+                .verify_password(b"s3cret", &parsed)
+                .is_ok()
+        );
+        assert!(
+            Argon2::default()
+                .verify_password(b"other", &parsed)
+                .is_err()
+        );
+        let salt = SaltString::generate(&mut argon2::password_hash::rand_core::OsRng);
+        let theirs = Argon2::default()
+            .hash_password(b"s3cret", &salt)
+            .unwrap()
+            .to_string();
+        assert!(verify("s3cret", Some(&theirs)));
+        assert!(!verify("other", Some(&theirs)));
+        // Two hashes of one secret differ by their salt.
+        assert_ne!(hash("s3cret").unwrap(), ours);
     }
 
     #[tokio::test]
