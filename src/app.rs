@@ -168,6 +168,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ms = started.elapsed().as_millis() as u64,
         "start-up: policy snapshot built"
     );
+    crate::memory::trim();
     crate::state::spawn_listener(state.clone(), listener);
     let _watcher = {
         let state = state.clone();
@@ -179,6 +180,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 let _enter = handle.enter();
                 let n = state.reload_pool();
                 tracing::info!(tools = n, "tool pool reloaded");
+                crate::memory::trim();
             },
         )
         .map_err(

@@ -19,6 +19,7 @@ pub mod http;
 pub mod limits;
 pub mod listen;
 pub mod mcp;
+pub mod memory;
 pub mod metrics;
 pub mod names;
 pub mod oauth;

@@ -3,7 +3,7 @@ use std::time::Duration;
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    toolgate::auth::secrets::return_large_allocations();
+    toolgate::memory::return_large_allocations();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

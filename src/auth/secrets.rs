@@ -96,7 +96,7 @@ static BUFFERS: LazyLock<Buffers> = LazyLock::new(|| Buffers {
 });
 
 /// A borrowed buffer; goes back to the pool even if hashing panics, emptied: its 19 MiB are
-/// freed after each use, and [`return_large_allocations`] makes the allocator give them
+/// freed after each use, and [`crate::memory::return_large_allocations`] makes the allocator give them
 /// back to the system, so that a gateway that checked a secret once does not keep 38 MiB
 /// for the rest of its life. The pool still bounds how many exist at once.
 struct Lease(Option<Vec<Block>>);
@@ -111,19 +111,6 @@ impl Drop for Lease {
                 .push(Vec::new());
             BUFFERS.returned.notify_one();
         }
-    }
-}
-
-/// Allocations of 4 MiB and more are mapped on their own and unmapped when freed (glibc's
-/// `M_MMAP_THRESHOLD`, fixed instead of its default that rises to the size of the largest
-/// block freed): an argon2 buffer, or a large answer read and dropped, then goes back to the
-/// system instead of staying in the process's heap. Called at start, before any thread.
-#[allow(unsafe_code, reason = "one call setting an allocator parameter")]
-pub fn return_large_allocations() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `mallopt` only sets a parameter of the allocator; it takes no pointers.
-    unsafe {
-        nix::libc::mallopt(nix::libc::M_MMAP_THRESHOLD, 4 << 20);
     }
 }
 
@@ -368,7 +355,7 @@ mod tests {
     /// after a few of each is what it was, not 19 MiB a buffer more.
     #[test]
     fn hashing_keeps_no_working_memory() {
-        return_large_allocations();
+        crate::memory::return_large_allocations();
         let rss = || {
             std::fs::read_to_string("/proc/self/status")
                 .unwrap()
