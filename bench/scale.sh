@@ -54,7 +54,10 @@ echo "generated $((groups * per_group)) tools in $groups groups and $agents agen
 
 ms() { date +%s%3N; }
 start=$(ms)
+# The listing load below asks for a token per agent from one address: the per-address token
+# limit (against secret guessing) is raised for it.
 TOOLGATE_LOG=${TOOLGATE_LOG:-warn} "$bin" serve --database-url "$url" --bind "127.0.0.1:$port" --admin-token bench \
+  --token-rate-per-ip 10000 --token-burst-per-ip 10000 \
   --tools-dir "$work/tools" --policies-dir "$work/policies" 2>"$work/server.log" &
 server=$!
 until curl -sf "$base/readyz" >/dev/null; do
@@ -102,3 +105,34 @@ for i in range(220):
 times.sort()
 print(f"tools/list of one agent: p50 {statistics.median(times):.2f} ms, p99 {times[int(len(times) * 0.99)]:.2f} ms")
 PY
+
+# A listing load across many agents: LIST_AGENTS agents (default 1,000, a fifth of the pool's
+# groups), each with a client of its own, each listing its tools three times, 4 at once. Then
+# the RSS again: what lists leave behind (definitions serialized for them, parsed schemas, the
+# sessions and buffers of the requests) shows here.
+list_agents=${LIST_AGENTS:-1000}
+(( list_agents > agents )) && list_agents=$agents
+python3 - "$base" "$list_agents" "$body" <<'PY'
+import json, sys, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+base, n, body = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
+def load(a):
+    req = urllib.request.Request(f"{base}/api/v1/agents/agent{a:05}/clients", b"", {"Authorization": "Bearer bench"})
+    cred = json.load(urllib.request.urlopen(req))
+    form = f"grant_type=client_credentials&client_id={cred['client_id']}&client_secret={cred['client_secret']}&resource={base}/mcp".encode()
+    token = json.load(urllib.request.urlopen(urllib.request.Request(f"{base}/oauth/token", form)))["access_token"]
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+    listed = 0
+    for _ in range(3):
+        with urllib.request.urlopen(urllib.request.Request(f"{base}/mcp", body, headers)) as r:
+            listed = len(json.load(r)["result"]["tools"])
+    return listed
+with ThreadPoolExecutor(4) as pool:
+    seen = list(pool.map(load, range(n)))
+assert all(seen), "an agent listed no tools"
+print(f"listing load: {n} agents listed {sum(seen)} tools in all")
+PY
+rss=$(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/$server/status")
+hwm=$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$server/status")
+echo "after the listing load: RSS ${rss} MB (peak ${hwm} MB)"
