@@ -541,31 +541,31 @@ impl Tool {
                 + schema.len(),
         );
         // The keys are the SDK's, plain ASCII: written as they are.
-        let key = |out: &mut Vec<u8>, key: &str| {
+        fn key(out: &mut Vec<u8>, key: &str) {
             out.push(if out.is_empty() { b'{' } else { b',' });
             out.push(b'"');
             out.extend_from_slice(key.as_bytes());
             out.extend_from_slice(b"\":");
-        };
-        key(&mut out, "name");
-        serde_json::to_writer(&mut out, self.name.as_str()).expect("a string serializes");
+        }
+        fn field<T: Serialize + ?Sized>(out: &mut Vec<u8>, name: &str, value: &T) {
+            key(out, name);
+            serde_json::to_writer(out, value).expect("strings and the SDK's types serialize");
+        }
+        field(&mut out, "name", self.name.as_str());
         if let Some(t) = &self.title {
-            key(&mut out, "title");
-            serde_json::to_writer(&mut out, t).expect("a string serializes");
+            field(&mut out, "title", t);
         }
         if let Some(d) = &self.description {
-            key(&mut out, "description");
-            serde_json::to_writer(&mut out, d).expect("a string serializes");
+            field(&mut out, "description", d);
         }
+        // The schema is JSON text already: copied as it is.
         key(&mut out, "inputSchema");
         out.extend_from_slice(schema.as_bytes());
         if let Some(a) = &self.annotations {
-            key(&mut out, "annotations");
-            serde_json::to_writer(&mut out, a).expect("annotations serialize");
+            field(&mut out, "annotations", a);
         }
         if let Some(m) = &self.meta {
-            key(&mut out, "_meta");
-            serde_json::to_writer(&mut out, m).expect("a meta object serializes");
+            field(&mut out, "_meta", m);
         }
         out.push(b'}');
         String::from_utf8(out).expect("JSON written from strings is UTF-8")
