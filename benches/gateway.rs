@@ -626,6 +626,7 @@ async fn main() {
             &state.settings.output,
             &Default::default(),
             &[],
+            toolgate::audit::Durable::now(),
         )
         .await;
         sandboxed.push(t.elapsed());

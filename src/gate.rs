@@ -105,6 +105,7 @@ impl Outcome {
             )) => "upstream_unavailable",
             Outcome::Upstream(Err(UpstreamError::Failed(..))) => "upstream_error",
             Outcome::Upstream(Err(UpstreamError::Busy(..))) => "busy",
+            Outcome::Upstream(Err(UpstreamError::NotRecorded)) => "audit_unavailable",
         }
     }
 
@@ -704,11 +705,6 @@ impl<'a> Gate<'a> {
         e.bytes_in = bytes_in;
         linked(&mut e);
         self.span.record("toolgate.call_id", call_id.as_str());
-        if let Err(err) = self.commit(e).await {
-            self.metric("audit_unavailable");
-            return Err(Refused::AuditUnavailable(err));
-        }
-        let ran = Instant::now();
         // The script or upstream continues the trace from the run's own span.
         let run_span = self.execute_span(name);
         let trace = crate::telemetry::context_of(if run_span.is_none() {
@@ -716,11 +712,25 @@ impl<'a> Gate<'a> {
         } else {
             &run_span
         });
-        let outcome = tracing::Instrument::instrument(
-            self.execute(&tool, args, &trace, &credentials),
+        // The tool is prepared while its `started` row commits; it acts only once the row is
+        // durable (see `audit::Durable`), and a failed commit undoes what was prepared.
+        let (committed, durable) = audit::durable();
+        let commit = async {
+            self.commit(e).await?;
+            committed.done();
+            Ok(Instant::now())
+        };
+        let run = tracing::Instrument::instrument(
+            self.execute(&tool, args, &trace, &credentials, durable),
             run_span,
-        )
-        .await;
+        );
+        let (ran, outcome) = match after_commit(commit, run).await {
+            Ok(done) => done,
+            Err(err) => {
+                self.metric("audit_unavailable");
+                return Err(Refused::AuditUnavailable(err));
+            }
+        };
         self.touch_credentials(&credentials);
         let latency = ran.elapsed();
 
@@ -1032,6 +1042,7 @@ impl<'a> Gate<'a> {
         args: Value,
         trace: &crate::telemetry::TraceContext,
         credentials: &[crate::credentials::Opened],
+        durable: audit::Durable,
     ) -> Outcome {
         match &tool.exec {
             Execution::Script(spec) => {
@@ -1040,7 +1051,15 @@ impl<'a> Gate<'a> {
                     .map(|(slot, v)| (slot.name.as_str(), v.as_slice()))
                     .collect();
                 Outcome::Script(
-                    runner::run(spec, &args, &self.state.settings.output, trace, &env).await,
+                    runner::run(
+                        spec,
+                        &args,
+                        &self.state.settings.output,
+                        trace,
+                        &env,
+                        durable,
+                    )
+                    .await,
                 )
             }
             Execution::Upstream {
@@ -1054,7 +1073,7 @@ impl<'a> Gate<'a> {
                 Outcome::Upstream(
                     self.state
                         .upstreams
-                        .call(upstream, original, map, trace, credentials)
+                        .call(upstream, original, map, trace, credentials, durable)
                         .await,
                 )
             }
@@ -1066,6 +1085,30 @@ impl<'a> Gate<'a> {
         let admitted = self.admit_call(name).await?;
         self.run(admitted, Ok(args)).await
     }
+}
+
+/// Runs `commit` and `run` side by side in this task: the commit's value and the run's
+/// outcome once the commit succeeded, or the commit's error, with `run` dropped wherever it
+/// was (so what it prepared is undone). A run waiting on the commit's word finishes after it.
+async fn after_commit<T, E, O>(
+    commit: impl Future<Output = Result<T, E>>,
+    run: impl Future<Output = O>,
+) -> Result<(T, O), E> {
+    let mut commit = std::pin::pin!(commit);
+    let mut run = std::pin::pin!(run);
+    let mut finished = None;
+    let committed = loop {
+        tokio::select! {
+            biased;
+            c = &mut commit => break c?,
+            o = &mut run, if finished.is_none() => finished = Some(o),
+        }
+    };
+    let outcome = match finished {
+        Some(o) => o,
+        None => run.await,
+    };
+    Ok((committed, outcome))
 }
 
 fn truncate(s: &str, max: usize) -> String {
@@ -1195,4 +1238,75 @@ pub fn spawn_approval_sweeper(state: AppState) {
 /// The outcome an approved call left, for its caller to read.
 pub fn stored_outcome(row: &crate::db::approvals::ApprovalRow) -> Option<Outcome> {
     crate::service::approvals::outcome_of(row).and_then(|v| serde_json::from_value(v.clone()).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::after_commit;
+    use crate::audit;
+
+    /// A run that prepares, then waits for the word, then "acts" (sets a flag).
+    async fn run(durable: audit::Durable, acted: Arc<AtomicBool>, prepared: Arc<AtomicBool>) {
+        prepared.store(true, Ordering::SeqCst);
+        if durable.wait().await {
+            acted.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_run_prepares_during_the_commit_and_acts_only_after_it() {
+        let (acted, prepared) = (Arc::<AtomicBool>::default(), Arc::<AtomicBool>::default());
+        let (committed, durable) = audit::durable();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let commit = {
+            let (acted, prepared) = (acted.clone(), prepared.clone());
+            async move {
+                // The commit is still in flight: the run has prepared and not acted.
+                rx.await.unwrap();
+                assert!(prepared.load(Ordering::SeqCst));
+                assert!(!acted.load(Ordering::SeqCst));
+                committed.done();
+                Ok::<_, ()>("durable")
+            }
+        };
+        let both = after_commit(commit, run(durable, acted.clone(), prepared.clone()));
+        let release = async {
+            tokio::task::yield_now().await;
+            tx.send(()).unwrap();
+        };
+        let (done, ()) = tokio::join!(both, release);
+        assert_eq!(done, Ok(("durable", ())));
+        assert!(acted.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_failed_commit_drops_the_run_before_it_acts() {
+        let (acted, prepared) = (Arc::<AtomicBool>::default(), Arc::<AtomicBool>::default());
+        let (committed, durable) = audit::durable();
+        let commit = async move {
+            tokio::task::yield_now().await;
+            drop(committed);
+            Err::<(), _>("the log is down")
+        };
+        let done = after_commit(commit, run(durable, acted.clone(), prepared.clone())).await;
+        assert_eq!(done, Err("the log is down"));
+        assert!(prepared.load(Ordering::SeqCst));
+        assert!(!acted.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_run_that_ends_early_still_waits_for_the_commit() {
+        let (committed, _durable) = audit::durable();
+        let commit = async move {
+            tokio::task::yield_now().await;
+            committed.done();
+            Ok::<_, ()>(1)
+        };
+        // A busy slot or a failed sandbox: the run is over before the row is durable.
+        let done = after_commit(commit, async { "busy" }).await;
+        assert_eq!(done, Ok((1, "busy")));
+    }
 }

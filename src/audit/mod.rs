@@ -18,6 +18,48 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// The word that a call's `started` row is durable, for the part of the call that waits on it.
+///
+/// A call prepares its tool (a script's slot, environment and sandbox; an upstream's
+/// connection, slot and request) while its `started` row commits; only what makes the tool
+/// act (the script's exec, the request's send) waits for [`Durable::wait`]. Nothing of the tool
+/// runs unless the row is on disk.
+#[derive(Debug)]
+pub struct Durable(tokio::sync::oneshot::Receiver<()>);
+
+/// The sending half of [`Durable`]: [`Committed::done`] once the row is durable; dropped
+/// without it, the waiting side learns the row never will be.
+#[derive(Debug)]
+pub struct Committed(tokio::sync::oneshot::Sender<()>);
+
+/// A pair: the committer keeps [`Committed`], the tool's runner [`Durable`].
+pub fn durable() -> (Committed, Durable) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    (Committed(tx), Durable(rx))
+}
+
+impl Durable {
+    /// Already durable: for a run that has no row to wait for (a benchmark, a test of the
+    /// runner alone).
+    pub fn now() -> Self {
+        let (committed, durable) = durable();
+        committed.done();
+        durable
+    }
+
+    /// `true` once the row is durable; `false` if it never will be.
+    pub async fn wait(self) -> bool {
+        self.0.await.is_ok()
+    }
+}
+
+impl Committed {
+    pub fn done(self) {
+        // The runner may have ended first (a busy slot, a sandbox that failed): nobody waits.
+        let _ = self.0.send(());
+    }
+}
+
 /// One event, before it is chained.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AuditEvent {

@@ -104,12 +104,17 @@ impl ScriptOutcome {
 
 /// Runs the script once with `args` on stdin, within the caller's `trace` (passed on as
 /// `TRACEPARENT` and `TRACESTATE`, the names OpenTelemetry uses for the environment).
+///
+/// Its slot, environment and sandbox are prepared at once; the script is started only when
+/// `durable` says the call's `started` row is on disk (if it never will be, nothing starts
+/// and what was prepared is undone).
 pub async fn run(
     spec: &ScriptSpec,
     args: &Value,
     limits: &OutputLimits,
     trace: &TraceContext,
     credentials: &[(&str, &[u8])],
+    durable: crate::audit::Durable,
 ) -> ScriptOutcome {
     let started = Instant::now();
     let script = spec.script();
@@ -175,6 +180,12 @@ pub async fn run(
             };
         }
     };
+    let input = serde_json::to_vec(args).unwrap_or_else(|_| b"{}".to_vec());
+    if !durable.wait().await {
+        return ScriptOutcome::SpawnFailed {
+            reason: "the call could not be recorded, so the script was not started".into(),
+        };
+    }
     // The child is killed if this future is dropped (the caller went away).
     let mut child = match spawn(&program, spec.workdir(), &env, confine) {
         Ok(c) => c,
@@ -210,7 +221,6 @@ pub async fn run(
     };
     let pgid = Some(child.id() as i32);
 
-    let input = serde_json::to_vec(args).unwrap_or_else(|_| b"{}".to_vec());
     let mut stdin = child.stdin.take();
     let writer = tokio::spawn(async move {
         if let Some(stdin) = stdin.as_mut() {

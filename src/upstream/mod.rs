@@ -461,6 +461,8 @@ enum Verdict {
     ToolFailed,
     /// The connection failed.
     ConnectionFailed,
+    /// Nothing was sent: the call could not be recorded.
+    NotSent,
 }
 
 /// A supervised upstream: its shared state and its supervisor task.
@@ -487,6 +489,8 @@ pub enum UpstreamError {
     Timeout(String, u64),
     #[error("upstream `{0}` failed: {1}")]
     Failed(String, String),
+    #[error("the call could not be recorded, so it was not sent")]
+    NotRecorded,
     #[error(
         "upstream `{0}` has {1} connections open, one per caller's credentials, all in use: retry shortly"
     )]
@@ -690,6 +694,7 @@ impl Upstreams {
         args: Map<String, Value>,
         trace: &TraceContext,
         opened: &[crate::credentials::Opened],
+        durable: crate::audit::Durable,
     ) -> Result<CallToolResult, UpstreamError> {
         let shared = {
             let running = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -777,6 +782,11 @@ impl Upstreams {
             if let Some(ts) = &trace.tracestate {
                 params.set_tracestate(ts);
             }
+            // Everything above (the connection, the slot, the request) was made while the
+            // call's `started` row committed; the send waits for it to be on disk.
+            if !durable.wait().await {
+                return Err((Verdict::NotSent, UpstreamError::NotRecorded));
+            }
             client.call_tool(params).await.map_err(|e| {
                 let verdict = match &e {
                     rmcp::ServiceError::McpError(d) if guard::is_refusal(d) => Verdict::ToolFailed,
@@ -793,6 +803,9 @@ impl Upstreams {
             })
         };
         let result = match tokio::time::timeout(timeout, work).await {
+            // Not sent: nothing happened that the upstream's health or a connection's
+            // should count.
+            Ok(Err((Verdict::NotSent, e))) => return Err(e),
             Ok(r) => r,
             Err(_) => Err((
                 Verdict::ToolFailed,
@@ -837,7 +850,7 @@ impl Upstreams {
                         other => other,
                     };
                 }
-                Verdict::Answered => return result,
+                Verdict::Answered | Verdict::NotSent => return result,
             }
         }
         let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
@@ -859,6 +872,8 @@ impl Upstreams {
                     *until = Some(Instant::now() + BREAKER_OPEN);
                 }
             }
+            // Returned above, before any of this.
+            Verdict::NotSent => {}
             Verdict::ConnectionFailed => {
                 // Let the supervisor check the connection now rather than at its next poll.
                 shared.changed.notify_one();

@@ -79,10 +79,10 @@ fn marks(path: &std::path::Path) -> Vec<i64> {
         .collect()
 }
 
-#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
-async fn without_its_database_the_gateway_fails_closed_and_recovers(pool: PgPool) {
+/// The test's database, reached through a [`Proxy`] the test can cut.
+async fn behind_proxy(pool: &PgPool) -> (Proxy, PgPool) {
     let db: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(&pool)
+        .fetch_one(pool)
         .await
         .unwrap();
     let proxy = Proxy::start("127.0.0.1:5432").await;
@@ -91,6 +91,12 @@ async fn without_its_database_the_gateway_fails_closed_and_recovers(pool: PgPool
         .connect(&format!("postgres://root@127.0.0.1:{}/{db}", proxy.port))
         .await
         .unwrap();
+    (proxy, proxied)
+}
+
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn without_its_database_the_gateway_fails_closed_and_recovers(pool: PgPool) {
+    let (proxy, proxied) = behind_proxy(&pool).await;
     let root = tempfile::tempdir().unwrap();
     let marks_file = root.path().join("marks.jsonl");
     let tools = root.path().join("tools");
@@ -168,6 +174,106 @@ async fn without_its_database_the_gateway_fails_closed_and_recovers(pool: PgPool
             .await
             .unwrap();
     assert_eq!(started, 2);
+    proxied.close().await;
+}
+
+/// The call folders (`$TMPDIR` of one call) this process has: in the temporary directory, or in
+/// a group jail's folder there.
+fn call_dirs() -> Vec<std::path::PathBuf> {
+    let ours = format!(
+        "{}{}-",
+        toolgate::pool::jail::TMP_PREFIX,
+        std::process::id()
+    );
+    let named_ours = |dir: &std::path::Path| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&ours))
+            .map(|e| e.path())
+            .collect()
+    };
+    let top = named_ours(&std::env::temp_dir());
+    let mut all: Vec<_> = top.iter().flat_map(|d| named_ours(d)).collect();
+    all.extend(top);
+    all.sort();
+    all
+}
+
+/// A tool is made ready while its call's `started` row commits (a script's slot, environment
+/// and sandboxed call folder; an upstream's connection and request) and acts only once the row
+/// is durable. With the database cut, neither acts, on either surface, and nothing prepared
+/// is left behind.
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn a_call_that_cannot_be_recorded_never_reaches_its_tool(pool: PgPool) {
+    let (proxy, proxied) = behind_proxy(&pool).await;
+    let root = tempfile::tempdir().unwrap();
+    let tools = root.path().join("tools");
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+    write_group(
+        &tools,
+        "probe",
+        &single_op("cat", schema, json!({})),
+        &[("cat.sh", "#!/bin/sh\ncat\n")],
+    );
+    // The sandbox as deployed (`auto`): each call gets a folder of its own, prepared early.
+    let app = TestApp::with(proxied.clone(), &tools, None, &[]).await;
+    let upstream = crate::otel::start_upstream().await;
+    crate::upstream::put_upstream(
+        &app,
+        "echo",
+        json!({"transport": "http", "url": upstream.url, "timeout_ms": 5000, "refresh_secs": 1}),
+    )
+    .await;
+    let token = app.agent("worker", &["probe", "echo"]).await;
+    crate::upstream::wait_for_tools(&app, &token, "echo").await;
+    let echoed = app
+        .call(&token, "echo__echo", json!({"message": "recorded"}))
+        .await;
+    assert!(echoed.text.contains("recorded"), "{}", echoed.text);
+    let ran = app.call(&token, "probe__cat", json!({"n": 1})).await;
+    assert_ne!(ran.body["result"]["isError"], true, "{}", ran.text);
+    assert!(ran.text.contains("structuredContent"), "{}", ran.text);
+    assert_eq!(upstream.calls.load(Ordering::SeqCst), 1);
+    let prepared_before = call_dirs();
+
+    proxy.cut();
+    let refused = [
+        app.call(&token, "echo__echo", json!({"message": "unrecorded"}))
+            .await,
+        app.post_json(
+            "/tools/echo/echo",
+            Some(&token),
+            json!({"message": "unrecorded"}),
+        )
+        .await,
+        app.call(&token, "probe__cat", json!({"n": 2})).await,
+        app.post_json("/tools/probe/cat", Some(&token), json!({"n": 3}))
+            .await,
+    ];
+    // Refused, saying why: REST with 503, MCP with 503 or, once the request was accepted, a
+    // JSON-RPC error.
+    for r in &refused {
+        assert!(
+            r.text.contains("audit log is unavailable") && r.body.get("result").is_none(),
+            "{}",
+            r.text
+        );
+    }
+    assert_eq!(refused[1].status, http::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused[3].status, http::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        upstream.calls.load(Ordering::SeqCst),
+        1,
+        "a call reached its upstream while it could not be recorded"
+    );
+    assert_eq!(
+        call_dirs(),
+        prepared_before,
+        "a call that was not recorded left its prepared folder behind"
+    );
+    proxy.restore();
     proxied.close().await;
 }
 

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -110,10 +111,12 @@ fn text_attr(span: &Span, key: &str) -> Option<String> {
     }
 }
 
-/// A small MCP server (the official SDK's) with one tool, `echo`, that remembers the
-/// `traceparent` header of every POST it is sent.
+/// A small MCP server (the official SDK's) with one tool, `echo`, that counts the calls it
+/// is sent.
 #[derive(Clone)]
-struct Echo;
+struct Echo {
+    calls: Arc<AtomicUsize>,
+}
 
 impl ServerHandler for Echo {
     fn get_info(&self) -> ServerConfig {
@@ -139,6 +142,7 @@ impl ServerHandler for Echo {
         request: CallToolRequestParams,
         _ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         let message = request
             .arguments
             .and_then(|a| a.get("message").cloned())
@@ -147,10 +151,23 @@ impl ServerHandler for Echo {
     }
 }
 
-async fn start_upstream() -> (Arc<Mutex<Vec<String>>>, String) {
+/// What [`start_upstream`]'s server saw: the `traceparent` header of every POST, and how many
+/// tool calls reached it.
+pub(crate) struct Upstream {
+    pub traceparents: Arc<Mutex<Vec<String>>>,
+    pub calls: Arc<AtomicUsize>,
+    pub url: String,
+}
+
+/// [`Echo`] over Streamable HTTP at `url`.
+pub(crate) async fn start_upstream() -> Upstream {
     let seen = Arc::new(Mutex::new(Vec::new()));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let echo = Echo {
+        calls: calls.clone(),
+    };
     let service = StreamableHttpService::new(
-        || Ok(Echo),
+        move || Ok(echo.clone()),
         Arc::new(NeverSessionManager::default()),
         StreamableHttpServerConfig::default()
             .with_legacy_session_mode(false)
@@ -176,7 +193,11 @@ async fn start_upstream() -> (Arc<Mutex<Vec<String>>>, String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (seen, url)
+    Upstream {
+        traceparents: seen,
+        calls,
+        url,
+    }
 }
 
 async fn db_url(pool: &PgPool) -> String {
@@ -340,7 +361,11 @@ printf '{"traceparent":"%s","tracestate":"%s"}\n' "$TRACEPARENT" "$TRACESTATE"
 #[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
 async fn a_call_continues_the_callers_trace_into_scripts_and_upstreams(pool: PgPool) {
     let (receiver, otlp) = Receiver::start().await;
-    let (upstream_saw, upstream_url) = start_upstream().await;
+    let Upstream {
+        traceparents: upstream_saw,
+        url: upstream_url,
+        ..
+    } = start_upstream().await;
     let tools = tempfile::tempdir().unwrap();
     write_group(
         tools.path(),

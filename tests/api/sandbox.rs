@@ -690,8 +690,15 @@ async fn spawn_cost() {
             ];
             for (k, spec) in [&plain, &previous, &sandboxed].into_iter().enumerate() {
                 let started = Instant::now();
-                let out =
-                    runner::run(spec, &json!({"n": i}), &limits, &Default::default(), &[]).await;
+                let out = runner::run(
+                    spec,
+                    &json!({"n": i}),
+                    &limits,
+                    &Default::default(),
+                    &[],
+                    toolgate::audit::Durable::now(),
+                )
+                .await;
                 took[k + 1] = started.elapsed();
                 assert!(
                     matches!(out, runner::ScriptOutcome::Success { .. }),

@@ -423,13 +423,31 @@ async fn the_concurrency_bound_holds_across_reloads_of_a_tool() {
 
     let running = tokio::spawn({
         let limits = limits.clone();
-        async move { runner::run(&first, &json!({}), &limits, &Default::default(), &[]).await }
+        async move {
+            runner::run(
+                &first,
+                &json!({}),
+                &limits,
+                &Default::default(),
+                &[],
+                toolgate::audit::Durable::now(),
+            )
+            .await
+        }
     });
     // The script says it is up through the first FIFO: from here it holds the permit.
     let up = tokio::task::spawn_blocking(move || std::fs::read_to_string(started).unwrap());
     assert_eq!(up.await.unwrap().trim(), "up");
 
-    let refused = runner::run(&reloaded, &json!({}), &limits, &Default::default(), &[]).await;
+    let refused = runner::run(
+        &reloaded,
+        &json!({}),
+        &limits,
+        &Default::default(),
+        &[],
+        toolgate::audit::Durable::now(),
+    )
+    .await;
     assert!(
         matches!(refused, runner::ScriptOutcome::Busy),
         "{refused:?}"
