@@ -2,7 +2,8 @@
 # The whole side-by-side harness, one command: P1–P4 from `cargo bench --bench gateway` (each
 # against its reference, in one run) and P6 from bench/scale.sh at three sizes, then one table.
 #
-# Run: bash bench/run.sh            # release build; about 10 minutes on 2 cores
+# Run: bash bench/run.sh            # release build; about 10 minutes on 2 cores (and, the first
+#                                   # time, about 10 more to build the peer, mcp-proxy 0.6.0)
 #      bash bench/run.sh --smoke    # debug build, tiny pools, few samples: checks the harness
 #                                   # works (CI runs it); its figures mean nothing
 # Env: SCALE_GROUPS / SCALE_PER_GROUP / SCALE_AGENTS for the large pool (default 5000 × 20
@@ -15,6 +16,15 @@ smoke=false
 [[ ${1:-} == --smoke ]] && smoke=true
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+
+# The peer, pinned: mcp-proxy from the Rust package registry, its minimal build (bearer check),
+# installed once into a cache and reused. The smoke run uses it only if it is already there
+# (building it takes minutes); the full run builds it.
+peer_root=${TOOLGATE_PEER_ROOT:-$HOME/.cache/toolgate-peer/mcp-proxy-0.6.0}
+if ! $smoke || [[ -x $peer_root/bin/mcp-proxy ]]; then
+  cargo install --quiet mcp-proxy --version 0.6.0 --locked --no-default-features --root "$peer_root"
+  export TOOLGATE_PEER_BIN=$peer_root/bin/mcp-proxy
+fi
 
 if $smoke; then
   cargo build --bin toolgate

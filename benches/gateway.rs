@@ -14,7 +14,11 @@
 //! - P4 the P2 call with the audit log on against the same gateway with it off; and the
 //!   durable audit rows per second of the group-commit writer.
 //! - P7 the P2 call from 32 clients at once (calls/s), audit on and off, against 32 loops
-//!   spawning the script bare.
+//!   spawning the script bare; and the P3 call from 32 callers at once against the upstream
+//!   called directly at 32.
+//! - The peer: with `TOOLGATE_PEER_BIN` naming an `mcp-proxy` binary (bench/run.sh builds
+//!   0.6.0), the P3 call through it, in front of the same upstream with a bearer check, at one
+//!   caller and at 32, beside toolgate's with audit on and off.
 //!
 //! Run: `cargo bench --bench gateway` (release; needs PostgreSQL, `DATABASE_URL` names the
 //! server, default `postgres://root@127.0.0.1:5432/postgres`; a scratch database is created
@@ -747,7 +751,7 @@ async fn main() {
         (&state, &base),
         (&plain, &base_off),
         &http,
-        o.samples,
+        (o.samples, o.seconds),
         &floor_pool,
     )
     .await
@@ -757,6 +761,8 @@ async fn main() {
             floor: floor_proxied,
             via,
             via_off,
+            peer,
+            at32,
         }) => {
             let added = |name, via: Stats, goal| Figure {
                 name,
@@ -786,6 +792,56 @@ async fn main() {
                 goal: "≤ +0.3 ms",
             });
             figures.push(added("P3 (part) the same with audit off", via_off, "-"));
+            let two_rows = floor_proxied.p50 - direct.p50;
+            match peer {
+                Some(peer) => {
+                    figures.push(added(
+                        "peer: the same call through mcp-proxy 0.6.0 (bearer check, no durable audit), added over direct",
+                        peer,
+                        "-",
+                    ));
+                    figures.push(Figure {
+                        name: "peer: toolgate audit off vs mcp-proxy, added p50",
+                        ours: format!("{:+.2} ms", via_off.p50 - direct.p50),
+                        reference: format!("{:+.2} ms", peer.p50 - direct.p50),
+                        ratio: format!("{:+.2} ms", via_off.p50 - peer.p50),
+                        goal: "≤ 0",
+                    });
+                    figures.push(Figure {
+                        name: "peer: toolgate audit on vs mcp-proxy + two durable rows, added p50",
+                        ours: format!("{:+.2} ms", via.p50 - direct.p50),
+                        reference: format!("{:+.2} ms", peer.p50 - direct.p50 + two_rows),
+                        ratio: format!("{:+.2} ms", via.p50 - (peer.p50 + two_rows)),
+                        goal: "≤ 0",
+                    });
+                }
+                None => println!(
+                    "peer skipped: TOOLGATE_PEER_BIN is not set (bench/run.sh builds mcp-proxy and sets it)"
+                ),
+            }
+            figures.push(Figure {
+                name: "P7 proxied tools/call at 32 callers, audit on (calls/s), vs direct at 32",
+                ours: format!("{:.0}", at32.via),
+                reference: format!("{:.0}", at32.direct),
+                ratio: ratio(at32.via, at32.direct),
+                goal: "≥ 0.8×",
+            });
+            figures.push(Figure {
+                name: "P7 (part) the same with audit off (calls/s)",
+                ours: format!("{:.0}", at32.via_off),
+                reference: format!("{:.0}", at32.direct),
+                ratio: ratio(at32.via_off, at32.direct),
+                goal: "-",
+            });
+            if let Some(peer) = at32.peer {
+                figures.push(Figure {
+                    name: "peer: proxied calls/s at 32 callers, toolgate audit on vs mcp-proxy",
+                    ours: format!("{:.0} (audit off {:.0})", at32.via, at32.via_off),
+                    reference: format!("{peer:.0}"),
+                    ratio: ratio(at32.via, peer),
+                    goal: "≥ 1×",
+                });
+            }
         }
         None => println!("P3 skipped: npm could not install the reference upstream"),
     }
@@ -812,12 +868,13 @@ async fn main() {
 
 /// `@modelcontextprotocol/server-everything` over Streamable HTTP, called directly and through
 /// the gateway (token, grants, limits, two audit rows, forwarding), by the same rmcp client;
-/// then through the instance with audit off.
+/// then through the instance with audit off, and through the peer (`TOOLGATE_PEER_BIN`, an
+/// `mcp-proxy` binary) when given; `n` sequential calls each, then 32 at once for `secs`.
 async fn proxied_vs_direct(
     (state, base): (&AppState, &str),
     (off, base_off): (&AppState, &str),
     http: &reqwest::Client,
-    n: usize,
+    (n, secs): (usize, u64),
     floor_pool: &PgPool,
 ) -> Option<Proxied> {
     use rmcp::ServiceExt;
@@ -908,6 +965,20 @@ async fn proxied_vs_direct(
     };
     let via = via_client(base, tok).await;
     let via_off = via_client(base_off, tok_off).await;
+    let peer = match std::env::var_os("TOOLGATE_PEER_BIN") {
+        Some(bin) => {
+            let (process, port) = start_peer(Path::new(&bin), &url).await;
+            let mut config =
+                StreamableHttpClientTransportConfig::with_uri(format!("http://127.0.0.1:{port}/"));
+            config.auth_header = Some(PEER_TOKEN.into());
+            let client =
+                ().serve(StreamableHttpClientTransport::from_config(config))
+                    .await
+                    .unwrap();
+            Some((process, client))
+        }
+        None => None,
+    };
     // `floor`: a durable INSERT before the call and one after it, as the floor of P2.
     let run = async |client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
                      name: &str,
@@ -935,6 +1006,40 @@ async fn proxied_vs_direct(
     let f = run(&direct, "echo", Some(floor_pool)).await;
     let g = run(&via, "everything__echo", None).await;
     let g_off = run(&via_off, "everything__echo", None).await;
+    let p = match &peer {
+        Some((_, client)) => Some(run(client, "everything/echo", None).await),
+        None => None,
+    };
+    // 32 calls at once, each caller sending its next as soon as its last is answered, through
+    // one client each way (the SDK's client sends concurrent requests as concurrent POSTs).
+    let at32 = async |client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+                      name: &'static str| {
+        let peer = client.peer().clone();
+        per_second(32, secs, move || {
+            let peer = peer.clone();
+            async move {
+                let mut p = CallToolRequestParams::new(name);
+                p.arguments = json!({"message": "m"}).as_object().cloned();
+                let r = peer.call_tool(p).await.unwrap();
+                assert_ne!(r.is_error, Some(true), "{r:?}");
+            }
+        })
+        .await
+    };
+    let at32 = At32 {
+        direct: at32(&direct, "echo").await,
+        via: at32(&via, "everything__echo").await,
+        via_off: at32(&via_off, "everything__echo").await,
+        peer: match &peer {
+            Some((_, client)) => Some(at32(client, "everything/echo").await),
+            None => None,
+        },
+    };
+    if let Some((mut process, client)) = peer {
+        let _ = client.cancel().await;
+        let _ = process.kill();
+        let _ = process.wait();
+    }
     let _ = direct.cancel().await;
     let _ = via.cancel().await;
     let _ = via_off.cancel().await;
@@ -945,7 +1050,58 @@ async fn proxied_vs_direct(
         floor: f,
         via: g,
         via_off: g_off,
+        peer: p,
+        at32,
     })
+}
+
+/// The bearer token the peer checks.
+const PEER_TOKEN: &str = "peer-bench-token";
+
+/// `mcp-proxy` in front of the upstream at `url`, checking a bearer token, as its README
+/// configures it: the process and its port, once it listens.
+async fn start_peer(bin: &Path, url: &str) -> (std::process::Child, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = tempfile_dir().join("peer.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[proxy]\nname = \"bench-peer\"\n[proxy.listen]\nhost = \"127.0.0.1\"\nport = {port}\n\
+             [[backends]]\nname = \"everything\"\ntransport = \"http\"\nurl = \"{url}\"\n\
+             [auth]\ntype = \"bearer\"\ntokens = [\"{PEER_TOKEN}\"]\n"
+        ),
+    )
+    .unwrap();
+    let process = std::process::Command::new(bin)
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..300 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return (process, port);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the peer ({}) did not start", bin.display());
+}
+
+/// P7's proxied figures: calls per second at 32 callers.
+struct At32 {
+    direct: f64,
+    via: f64,
+    via_off: f64,
+    peer: Option<f64>,
 }
 
 /// P3's samples: the upstream called directly, directly between two durable INSERTs (the
@@ -955,6 +1111,8 @@ struct Proxied {
     floor: Stats,
     via: Stats,
     via_off: Stats,
+    peer: Option<Stats>,
+    at32: At32,
 }
 
 fn tempfile_dir() -> std::path::PathBuf {
