@@ -1076,7 +1076,7 @@ async fn start_peer(bin: &Path, url: &str) -> (std::process::Child, u16) {
         ),
     )
     .unwrap();
-    let process = std::process::Command::new(bin)
+    let mut process = std::process::Command::new(bin)
         .arg("--config")
         .arg(&config)
         .env("RUST_LOG", "warn")
@@ -1093,6 +1093,8 @@ async fn start_peer(bin: &Path, url: &str) -> (std::process::Child, u16) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let _ = process.kill();
+    let _ = process.wait();
     panic!("the peer ({}) did not start", bin.display());
 }
 
