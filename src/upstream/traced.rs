@@ -57,7 +57,7 @@ impl TracedClient {
     /// Its transport now reads each answer's event stream to its end before the connection
     /// goes back (a stream cut short is closed, never reused), and this client writes with
     /// `TCP_NODELAY` (reqwest's default), so no write waits on an ACK. A new connection per
-    /// call cost a proxied call about 1 ms on loopback (bench/README.md, P3); a kept one
+    /// call cost a proxied call about 0.3 ms on loopback (bench/README.md, P3); a kept one
     /// carries no identity, as every message brings its own headers.
     pub fn new(max_result_bytes: usize) -> Result<Self, reqwest::Error> {
         let policy = reqwest::redirect::Policy::custom(|attempt| {
