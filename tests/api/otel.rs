@@ -151,17 +151,19 @@ impl ServerHandler for Echo {
     }
 }
 
-/// What [`start_upstream`]'s server saw: the `traceparent` header of every POST, and how many
-/// tool calls reached it.
+/// What [`start_upstream`]'s server saw: the `traceparent` header of every POST, how many
+/// tool calls reached it, and the address of every connection a request came on.
 pub(crate) struct Upstream {
     pub traceparents: Arc<Mutex<Vec<String>>>,
     pub calls: Arc<AtomicUsize>,
+    pub connections: Arc<Mutex<std::collections::HashSet<std::net::SocketAddr>>>,
     pub url: String,
 }
 
 /// [`Echo`] over Streamable HTTP at `url`.
 pub(crate) async fn start_upstream() -> Upstream {
     let seen = Arc::new(Mutex::new(Vec::new()));
+    let connections = Arc::new(Mutex::new(std::collections::HashSet::new()));
     let calls = Arc::new(AtomicUsize::new(0));
     let echo = Echo {
         calls: calls.clone(),
@@ -175,8 +177,12 @@ pub(crate) async fn start_upstream() -> Upstream {
     );
     let record = {
         let seen = seen.clone();
-        move |req: axum::extract::Request, next: axum::middleware::Next| {
+        let connections = connections.clone();
+        move |axum::extract::ConnectInfo(from): axum::extract::ConnectInfo<std::net::SocketAddr>,
+              req: axum::extract::Request,
+              next: axum::middleware::Next| {
             let seen = seen.clone();
+            connections.lock().unwrap().insert(from);
             async move {
                 if let Some(tp) = req.headers().get("traceparent") {
                     seen.lock()
@@ -192,10 +198,18 @@ pub(crate) async fn start_upstream() -> Upstream {
         .layer(axum::middleware::from_fn(record));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await
+        .unwrap()
+    });
     Upstream {
         traceparents: seen,
         calls,
+        connections,
         url,
     }
 }

@@ -405,3 +405,37 @@ async fn a_hung_call_times_out_and_a_stdio_server_killed_mid_call_is_restarted(p
     }
     assert!(back, "the stdio upstream was not restarted after it died");
 }
+
+/// An HTTP upstream's calls go out on kept connections, not a new one each (a connect per
+/// call, as the SDK's own client makes, costs every proxied call its handshake).
+#[sqlx::test(migrator = "toolgate::db::MIGRATOR")]
+async fn an_http_upstreams_calls_reuse_their_connections(pool: PgPool) {
+    let app = TestApp::new(pool).await;
+    let upstream = crate::otel::start_upstream().await;
+    put_upstream(
+        &app,
+        "kept",
+        json!({"transport": "http", "url": upstream.url, "timeout_ms": 5000}),
+    )
+    .await;
+    let token = app.agent("caller", &["kept"]).await;
+    wait_for_tools(&app, &token, "kept").await;
+    let before = upstream.connections.lock().unwrap().clone();
+    for i in 0..10 {
+        let r = app
+            .call(&token, "kept__echo", json!({"message": format!("m{i}")}))
+            .await;
+        assert!(r.text.contains(&format!("m{i}")), "{}", r.text);
+    }
+    let new = upstream
+        .connections
+        .lock()
+        .unwrap()
+        .difference(&before)
+        .count();
+    // One for the first call if the listing's was closed in between; ten without reuse.
+    assert!(
+        new <= 1,
+        "ten sequential calls opened {new} new connections to the upstream"
+    );
+}
