@@ -929,19 +929,7 @@ async fn proxied_vs_direct(
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Polling a port is the only signal a child process gives that it listens.
-    let mut listening = false;
-    for _ in 0..300 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            listening = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(listening, "the reference upstream did not start");
+    assert!(listens(port).await, "the reference upstream did not start");
     let url = format!("http://127.0.0.1:{port}/mcp");
     let spec: toolgate::upstream::UpstreamSpec =
         serde_json::from_value(json!({"transport": "http", "url": url})).unwrap();
@@ -1174,18 +1162,27 @@ async fn start_peer(bin: &Path, url: &str) -> (std::process::Child, u16) {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    if listens(port).await {
+        return (process, port);
+    }
+    let _ = process.kill();
+    let _ = process.wait();
+    panic!("the peer ({}) did not start", bin.display());
+}
+
+/// Whether something listens on `port` within 30 s. Polling a port is the only signal a child
+/// process gives that it listens.
+async fn listens(port: u16) -> bool {
     for _ in 0..300 {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_ok()
         {
-            return (process, port);
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let _ = process.kill();
-    let _ = process.wait();
-    panic!("the peer ({}) did not start", bin.display());
+    false
 }
 
 /// P7's proxied figures: calls per second at 32 callers.
